@@ -1,0 +1,46 @@
+"""The GPU API of §1 as pydantic models, the bottom layer of the operator.
+
+Nothing here does I/O. `names` holds the wire names of §1.5; `crdgen` turns the
+models into the CRDs under `crds/`.
+"""
+
+from cozygpu.api.gpubudget import GPUBudget, GPUBudgetSpec, GPUBudgetStatus
+from cozygpu.api.gpuclass import GPUClass, GPUClassSpec, GPUClassStatus, GPUMode
+from cozygpu.api.gpudevice import (
+    Attachment,
+    BindRequest,
+    BindResult,
+    GPUDevice,
+    GPUDeviceSpec,
+    GPUDeviceStatus,
+    Phase,
+)
+from cozygpu.api.gpunode import GPUNode, GPUNodeStatus, NodeResource
+from cozygpu.api.meta import Condition, ConditionStatus, ObjectMeta, Resource
+
+KINDS: tuple[type[Resource], ...] = (GPUClass, GPUDevice, GPUNode, GPUBudget)
+
+__all__ = [
+    "KINDS",
+    "Attachment",
+    "BindRequest",
+    "BindResult",
+    "Condition",
+    "ConditionStatus",
+    "GPUBudget",
+    "GPUBudgetSpec",
+    "GPUBudgetStatus",
+    "GPUClass",
+    "GPUClassSpec",
+    "GPUClassStatus",
+    "GPUDevice",
+    "GPUDeviceSpec",
+    "GPUDeviceStatus",
+    "GPUMode",
+    "GPUNode",
+    "GPUNodeStatus",
+    "NodeResource",
+    "ObjectMeta",
+    "Phase",
+    "Resource",
+]

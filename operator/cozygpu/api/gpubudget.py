@@ -1,0 +1,59 @@
+"""GPUBudget (§1.4): what a tenant may order, in units per class and in total."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from cozygpu.api.meta import (
+    AGE,
+    CONDITIONS_SCHEMA,
+    Condition,
+    CRDInfo,
+    Model,
+    PrinterColumn,
+    Resource,
+)
+from cozygpu.api.selectors import LabelSelector
+
+Units = Annotated[int, Field(ge=0)]
+
+
+class GPUBudgetSpec(Model):
+    """Caps on what namespaces covered by the budget may order (§7)."""
+
+    limits: dict[str, Units] = Field(
+        default_factory=dict, description="Units per GPUClass; a class not named is not limited unless total is set."
+    )
+    total: Units | None = Field(default=None, description="Units over all classes.")
+    namespace_selector: LabelSelector | None = Field(
+        default=None, description="Further namespaces the budget covers, besides its own."
+    )
+
+
+class GPUBudgetStatus(Model):
+    """What counts against the budget now; OverBudget when that exceeds a lowered cap."""
+
+    used: dict[str, Units] = Field(default_factory=dict, description="Units counting against the budget, per class.")
+    used_total: Units = Field(default=0, description="Units counting against the budget over all classes.")
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=CONDITIONS_SCHEMA)
+
+
+class GPUBudget(Resource):
+    crd = CRDInfo(
+        kind="GPUBudget",
+        plural="gpubudgets",
+        singular="gpubudget",
+        namespaced=True,
+        short_names=("gpubdg",),
+        columns=(
+            PrinterColumn("Total", ".spec.total", "integer"),
+            PrinterColumn("Used", ".status.usedTotal", "integer"),
+            PrinterColumn("OverBudget", '.status.conditions[?(@.type=="OverBudget")].status'),
+            AGE,
+        ),
+    )
+
+    spec: GPUBudgetSpec = Field(default_factory=GPUBudgetSpec)
+    status: GPUBudgetStatus = Field(default_factory=GPUBudgetStatus)

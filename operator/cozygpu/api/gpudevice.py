@@ -1,0 +1,113 @@
+"""GPUDevice (§1.2): a tenant's GPUs, held or made from a VMI's template."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field
+
+from cozygpu.api.meta import (
+    AGE,
+    CONDITIONS_SCHEMA,
+    Condition,
+    CRDInfo,
+    Model,
+    PrinterColumn,
+    Resource,
+    Time,
+)
+
+# Object names as Kubernetes checks them (DNS-1123 subdomain).
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+IMMUTABLE = "self == oldSelf"
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    BOUND = "Bound"
+    LOST = "Lost"
+
+
+class BindResult(StrEnum):
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class GPUDeviceSpec(Model):
+    """What the tenant orders: units of one class, placed together on one node."""
+
+    class_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=OBJECT_NAME_PATTERN,
+        description="The GPUClass to order. Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [{"rule": IMMUTABLE, "message": "spec.className is immutable"}]},
+    )
+    count: int = Field(
+        ge=1,
+        description="Units of the class, all on one node. Immutable.",
+        json_schema_extra={"x-kubernetes-validations": [{"rule": IMMUTABLE, "message": "spec.count is immutable"}]},
+    )
+
+
+class Attachment(Model):
+    vmi: str = Field(min_length=1, description="The VMI the device is attached to.")
+    uid: str | None = Field(default=None, description="The VMI's uid, once that VMI exists.")
+    since: Time | None = Field(default=None, description="When the attachment was made.")
+
+
+class BindRequest(Model):
+    """§4: what the webhook asks of the binder, and the binder's answer."""
+
+    id: str = Field(min_length=1)
+    vmi: str = Field(min_length=1)
+    devices: list[str] = Field(min_length=1, description="Every device of the set, by name.")
+    requested_at: Time
+    result: BindResult | None = None
+    message: str | None = None
+
+
+class GPUDeviceStatus(Model):
+    """Written by the operator alone: where the units are and who uses them."""
+
+    phase: Phase | None = Field(default=None, description="Unset until the operator sees the device.")
+    node_name: str | None = Field(default=None, description="The node whose units it holds (Bound) or held (Lost).")
+    attached_to: Attachment | None = None
+    bind_request: BindRequest | None = None
+    message: str | None = Field(default=None, description="Why the device waits or was lost.")
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=CONDITIONS_SCHEMA)
+
+
+# §1.2 and §7.2: only Bound holds units; Pending, Bound and Lost count against budgets.
+HOLDS_GPUS = frozenset({Phase.BOUND})
+COUNTS_AGAINST_BUDGETS = frozenset({Phase.PENDING, Phase.BOUND, Phase.LOST})
+
+
+class GPUDevice(Resource):
+    crd = CRDInfo(
+        kind="GPUDevice",
+        plural="gpudevices",
+        singular="gpudevice",
+        namespaced=True,
+        short_names=("gpudev",),
+        columns=(
+            PrinterColumn("Class", ".spec.className"),
+            PrinterColumn("Count", ".spec.count", "integer"),
+            PrinterColumn("Phase", ".status.phase"),
+            PrinterColumn("Node", ".status.nodeName"),
+            PrinterColumn("VMI", ".status.attachedTo.vmi"),
+            AGE,
+        ),
+    )
+
+    spec: GPUDeviceSpec
+    status: GPUDeviceStatus = Field(default_factory=GPUDeviceStatus)
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.status.phase in HOLDS_GPUS
+
+    @property
+    def counts_against_budgets(self) -> bool:
+        return self.status.phase in COUNTS_AGAINST_BUDGETS

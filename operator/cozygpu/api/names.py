@@ -1,0 +1,46 @@
+"""The names of §1.5 and the API group, in one place.
+
+Every module that reads or writes a label, annotation, finalizer or derived name
+imports it from here, so the wire contract is spelled exactly once.
+"""
+
+from __future__ import annotations
+
+GROUP = "gpu.cozystack.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+KUBEVIRT_GROUP = "kubevirt.io"
+KUBEVIRT_VERSION = "v1"
+KUBEVIRT_API_VERSION = f"{KUBEVIRT_GROUP}/{KUBEVIRT_VERSION}"
+
+TRUE = "true"
+
+# On VMIs (§1.5).
+LABEL_DEVICE_REFERENCE = f"{GROUP}/device-reference"
+LABEL_MODE = f"{GROUP}/mode"
+ANNOTATION_DEVICES = f"{GROUP}/devices"
+
+# On GPUDevices (§1.2).
+LABEL_TEMPLATE_DEVICE = f"{GROUP}/template-device"
+
+# On GPUDevices attached to a live VMI and on GPUClasses still named by a device (§6.5).
+FINALIZER_IN_USE = f"{GROUP}/in-use-protection"
+
+# Condition types (§1.3, §1.4, §5.5).
+CONDITION_LOST_CAPACITY = "LostCapacity"
+CONDITION_CLASS_CONFLICT = "ClassConflict"
+CONDITION_OVER_BUDGET = "OverBudget"
+CONDITION_PLACED = "Placed"
+
+GPU_ENTRY_PREFIX = "gpudev"
+
+
+def template_device_name(vmi: str, index: int) -> str:
+    """The GPUDevice a VMI's template entry `index` produces; predictable on purpose."""
+    return f"{vmi}-gpu-{index}"
+
+
+def gpu_entry_name(index: int, unit: int) -> str:
+    """The KubeVirt `gpus` entry for unit `unit` of the VMI's device entry `index`."""
+    return f"{GPU_ENTRY_PREFIX}{index}-{unit}"
