@@ -1,0 +1,46 @@
+"""Finds the control plane binaries: KUBEBUILDER_ASSETS, else the hack script's cache.
+
+The hack script builds what is missing from the Go module proxy and prints the
+directory; callers get a clear error when that is not possible.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REQUIRED = ("etcd", "kube-apiserver")
+
+
+class BinariesUnavailable(RuntimeError):
+    pass
+
+
+def repo_root() -> Path:
+    """The checkout this package runs from (it is installed editable from the repo)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def _has(directory: Path, names: tuple[str, ...]) -> bool:
+    return all(os.access(directory / n, os.X_OK) for n in names)
+
+
+def find(extra: tuple[str, ...] = ()) -> Path:
+    """The directory holding etcd, kube-apiserver and `extra`, building them if need be."""
+    names = REQUIRED + extra
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets and _has(Path(assets), names):
+        return Path(assets)
+    script = repo_root() / "hack" / "build-control-plane.sh"
+    if not script.exists():
+        raise BinariesUnavailable(
+            f"no {', '.join(names)} in KUBEBUILDER_ASSETS={assets!r} and no build script at {script}"
+        )
+    done = subprocess.run(["bash", str(script), *extra], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise BinariesUnavailable(f"{script} failed:\n{done.stderr[-4000:]}")
+    directory = Path(done.stdout.strip().splitlines()[-1])
+    if not _has(directory, names):
+        raise BinariesUnavailable(f"{script} printed {directory}, which lacks {', '.join(names)}")
+    return directory

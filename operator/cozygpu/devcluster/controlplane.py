@@ -1,0 +1,250 @@
+"""etcd and kube-apiserver on loopback, with our CRDs and KubeVirt's installed.
+
+`ControlPlane` is a context manager: `start()` returns once /readyz is ok and the
+CRDs are established; `stop()` ends both processes and removes the data. Used by
+the pytest fixtures (tests/conftest.py) and `cozygpu dev-cluster`.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+import requests
+import yaml
+
+from cozygpu import tls
+from cozygpu.api import KINDS, crdgen
+from cozygpu.devcluster import binaries
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import AlreadyExists, Kube
+
+KUBEVIRT_CRDS = binaries.repo_root() / "tests" / "fixtures" / "kubevirt" / "crds.yaml"
+SERVICE_CIDR = "10.0.0.0/24"
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def kubeconfig(server: str, ca: bytes, client: tls.KeyPair, user: str = "admin") -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cozy-dev", "cluster": {"server": server, "certificate-authority-data": _b64(ca)}}],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": _b64(client.cert_pem),
+                    "client-key-data": _b64(client.key_pem),
+                },
+            }
+        ],
+        "contexts": [{"name": "cozy-dev", "context": {"cluster": "cozy-dev", "user": user, "namespace": "default"}}],
+        "current-context": "cozy-dev",
+    }
+
+
+def crd_manifests() -> list[dict[str, Any]]:
+    """Our CRDs (straight from the models) and KubeVirt's (from the test fixtures)."""
+    ours = [crdgen.crd(k) for k in KINDS]
+    theirs = [d for d in yaml.safe_load_all(KUBEVIRT_CRDS.read_text()) if d]
+    return ours + theirs
+
+
+class ControlPlane:
+    def __init__(self, bin_dir: Path | None = None, *, workdir: Path | None = None, verbose: bool = False) -> None:
+        self._bin_dir = bin_dir
+        self._own_workdir = workdir is None
+        self.workdir = workdir or Path(tempfile.mkdtemp(prefix="cozygpu-cp-"))
+        self._verbose = verbose
+        self._procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+        self.ca = tls.Authority("cozy-dev control plane CA")
+        self.server = ""
+        self.kubeconfig_path = self.workdir / "kubeconfig"
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def __enter__(self) -> ControlPlane:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 120.0) -> None:
+        try:
+            bin_dir = self._bin_dir or binaries.find()
+            deadline = time.monotonic() + timeout
+            etcd_url = self._start_etcd(bin_dir, deadline)
+            self._start_apiserver(bin_dir, etcd_url, deadline)
+            self.install_crds(deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for _name, proc, log in reversed(self._procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            log.close()
+        self._procs.clear()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- clients -----------------------------------------------------------
+
+    def kube(self) -> Kube:
+        return Kube.from_kubeconfig(self.kubeconfig_path)
+
+    def write_kubeconfig(self, path: Path, user: str = "admin", group: str | None = "system:masters") -> Path:
+        """A kubeconfig for `user` with a client certificate from this control plane's CA."""
+        config = kubeconfig(self.server, self.ca.cert_pem, self.ca.client(user, group), user)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    # -- processes ---------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._procs.append((name, proc, log))
+        return proc
+
+    def _failed(self, name: str, why: str) -> ControlPlaneError:
+        log = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
+        return ControlPlaneError(f"{name} {why}; the end of its log:\n{log}")
+
+    def _wait(self, name: str, proc: subprocess.Popen[bytes], ready: Any, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise self._failed(name, f"exited with {proc.returncode}")
+            try:
+                if ready():
+                    return
+            except (requests.RequestException, OSError):
+                pass
+            time.sleep(0.2)
+        raise self._failed(name, "did not become ready in time")
+
+    def _start_etcd(self, bin_dir: Path, deadline: float) -> str:
+        client, peer = free_port(), free_port()
+        url = f"http://127.0.0.1:{client}"
+        peer_url = f"http://127.0.0.1:{peer}"
+        proc = self._spawn(
+            "etcd",
+            [
+                str(bin_dir / "etcd"),
+                "--name=default",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls={url}",
+                f"--advertise-client-urls={url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        self._wait("etcd", proc, lambda: requests.get(f"{url}/health", timeout=1).ok, deadline)
+        return url
+
+    def _start_apiserver(self, bin_dir: Path, etcd_url: str, deadline: float) -> None:
+        certs = self.workdir / "certs"
+        certs.mkdir(exist_ok=True)
+        serving = self.ca.serving(["127.0.0.1", "localhost"])
+        sa = tls.service_account_key()
+        files = {
+            "ca.crt": self.ca.cert_pem,
+            "apiserver.crt": serving.cert_pem,
+            "apiserver.key": serving.key_pem,
+            "sa.pub": sa.cert_pem,
+            "sa.key": sa.key_pem,
+        }
+        for name, data in files.items():
+            (certs / name).write_bytes(data)
+        port = free_port()
+        self.server = f"https://127.0.0.1:{port}"
+        proc = self._spawn(
+            "kube-apiserver",
+            [
+                str(bin_dir / "kube-apiserver"),
+                f"--etcd-servers={etcd_url}",
+                f"--cert-dir={certs}",
+                f"--secure-port={port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--disable-admission-plugins=ServiceAccount",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                f"--client-ca-file={certs / 'ca.crt'}",
+                f"--tls-cert-file={certs / 'apiserver.crt'}",
+                f"--tls-private-key-file={certs / 'apiserver.key'}",
+                f"--service-account-issuer={self.server}",
+                f"--service-account-key-file={certs / 'sa.pub'}",
+                f"--service-account-signing-key-file={certs / 'sa.key'}",
+                "--profiling=false",
+                f"--v={4 if self._verbose else 1}",
+            ],
+        )
+        self.write_kubeconfig(self.kubeconfig_path)
+        kube = self.kube()
+        self._wait("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, deadline)
+
+    def install_crds(self, deadline: float) -> None:
+        kube = self.kube()
+        manifests = crd_manifests()
+        for manifest in manifests:
+            with contextlib.suppress(AlreadyExists):
+                kube.create(kinds.CRD, manifest)
+        pending = {m["metadata"]["name"] for m in manifests}
+        while pending and time.monotonic() < deadline:
+            for name in sorted(pending):
+                conditions = kube.get(kinds.CRD, name).get("status", {}).get("conditions") or []
+                if any(c["type"] == "Established" and c["status"] == "True" for c in conditions):
+                    pending.discard(name)
+            if pending:
+                time.sleep(0.1)
+        if pending:
+            raise ControlPlaneError(f"CRDs not established in time: {', '.join(sorted(pending))}")
+        # Established is not yet servable: the watch cache answers 503 "storage is
+        # (re)initializing" for a moment. Ready means a list of every kind works.
+        for manifest in manifests:
+            spec = manifest["spec"]
+            group, plural = spec["group"], spec["names"]["plural"]
+            version = next(v["name"] for v in spec["versions"] if v.get("storage"))
+            path = f"/apis/{group}/{version}/{plural}?limit=1"
+            while not kube.raw_get(path).ok:
+                if time.monotonic() > deadline:
+                    raise ControlPlaneError(f"{plural}.{group} not served in time")
+                time.sleep(0.1)

@@ -1,0 +1,245 @@
+"""pykube-ng behind one small surface: get, list, create, replace, patch, delete.
+
+Callers: the dev control plane and test helpers (synchronously, `Kube`) and the
+operator's executors (`AsyncKube`, each call in a worker thread). API failures come
+out as `ApiError` subclasses that say which object and why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import pykube
+import requests
+
+from cozygpu.kube.kinds import Kind
+
+Body = dict[str, Any]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class ApiError(Exception):
+    """The API server said no; `status` is the HTTP code, `reason` its StatusReason."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+
+class NotFound(ApiError):
+    pass
+
+
+class Conflict(ApiError):
+    """A resourceVersion or UID precondition failed: someone wrote first."""
+
+
+class AlreadyExists(ApiError):
+    pass
+
+
+class Invalid(ApiError):
+    """The object broke a schema or validation rule (HTTP 422)."""
+
+
+class Forbidden(ApiError):
+    pass
+
+
+def _error(response: requests.Response, what: str) -> ApiError:
+    reason, message = "", response.text
+    try:
+        status = response.json()
+        reason = status.get("reason", "")
+        message = status.get("message", message)
+    except ValueError:
+        pass
+    code = response.status_code
+    text = f"{what}: {message}"
+    if code == 404:
+        return NotFound(code, reason, text)
+    if code == 409:
+        cls: type[ApiError] = AlreadyExists if reason == "AlreadyExists" else Conflict
+        return cls(code, reason, text)
+    if code == 422:
+        return Invalid(code, reason, text)
+    if code == 403:
+        return Forbidden(code, reason, text)
+    return ApiError(code, reason, text)
+
+
+def _describe(kind: Kind, name: str | None, namespace: str | None) -> str:
+    where = f"{namespace}/" if namespace else ""
+    return f"{kind.kind} {where}{name}" if name else f"{kind.kind}s"
+
+
+class Kube:
+    """Synchronous API access through pykube's authenticated HTTP client."""
+
+    def __init__(self, api: pykube.HTTPClient) -> None:
+        self._api = api
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | Path, timeout: float = 30.0) -> Kube:
+        return cls(pykube.HTTPClient(pykube.KubeConfig.from_file(str(path)), timeout=timeout))
+
+    @classmethod
+    def in_cluster(cls, timeout: float = 30.0) -> Kube:
+        return cls(pykube.HTTPClient(pykube.KubeConfig.from_service_account(), timeout=timeout))
+
+    def _call(
+        self,
+        method: str,
+        kind: Kind,
+        *,
+        name: str | None = None,
+        namespace: str | None = None,
+        subresource: str | None = None,
+        params: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        about: str | None = None,
+    ) -> Body:
+        path = "/".join(p for p in (kind.plural, name, subresource) if p)
+        kwargs: dict[str, Any] = {"version": kind.api_version, "url": path}
+        if kind.namespaced and namespace:
+            kwargs["namespace"] = namespace
+        if params:
+            kwargs["params"] = params
+        if body is not None:
+            kwargs["data"] = json.dumps(body)
+            kwargs["headers"] = {"Content-Type": content_type}
+        response = self._api.request(method, **kwargs)
+        if not response.ok:
+            raise _error(response, _describe(kind, name or about, namespace))
+        result: Body = response.json()
+        return result
+
+    def get(self, kind: Kind, name: str, namespace: str | None = None) -> Body:
+        return self._call("GET", kind, name=name, namespace=namespace)
+
+    def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> Body | None:
+        try:
+            return self.get(kind, name, namespace)
+        except NotFound:
+            return None
+
+    def list(self, kind: Kind, namespace: str | None = None, label_selector: str | None = None) -> list[Body]:
+        params = {"labelSelector": label_selector} if label_selector else None
+        items: list[Body] = self._call("GET", kind, namespace=namespace, params=params)["items"]
+        return items
+
+    def create(self, kind: Kind, body: Body, *, dry_run: bool = False) -> Body:
+        namespace = body.get("metadata", {}).get("namespace")
+        params = {"dryRun": "All"} if dry_run else None
+        about = body.get("metadata", {}).get("name")
+        return self._call("POST", kind, namespace=namespace, body=body, params=params, about=about)
+
+    def replace(self, kind: Kind, body: Body, *, subresource: str | None = None) -> Body:
+        """PUT: fails with Conflict when body's resourceVersion is not the stored one."""
+        meta = body["metadata"]
+        return self._call(
+            "PUT", kind, name=meta["name"], namespace=meta.get("namespace"), subresource=subresource, body=body
+        )
+
+    def replace_status(self, kind: Kind, body: Body) -> Body:
+        return self.replace(kind, body, subresource="status")
+
+    def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        patch_type: str = "merge",
+    ) -> Body:
+        content_type = {
+            "merge": "application/merge-patch+json",
+            "json": "application/json-patch+json",
+            "strategic": "application/strategic-merge-patch+json",
+        }[patch_type]
+        return self._call(
+            "PATCH",
+            kind,
+            name=name,
+            namespace=namespace,
+            subresource=subresource,
+            body=patch,
+            content_type=content_type,
+        )
+
+    def delete(
+        self,
+        kind: Kind,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        propagation: str | None = None,
+    ) -> bool:
+        """Delete; False when it was already gone. A uid makes it a precondition."""
+        options: Body = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        if propagation:
+            options["propagationPolicy"] = propagation
+        try:
+            self._call("DELETE", kind, name=name, namespace=namespace, body=options)
+        except NotFound:
+            return False
+        return True
+
+    def raw_get(self, path: str) -> requests.Response:
+        """GET a non-resource path such as /readyz; the caller reads the response."""
+        response: requests.Response = self._api.session.get(self._api.url + path, timeout=self._api.timeout)
+        return response
+
+
+class AsyncKube:
+    """The same calls as `Kube`, each run in a worker thread."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.sync = kube
+
+    @staticmethod
+    async def _run(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    async def get(self, kind: Kind, name: str, namespace: str | None = None) -> Body:
+        return await self._run(self.sync.get, kind, name, namespace)
+
+    async def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> Body | None:
+        return await self._run(self.sync.get_or_none, kind, name, namespace)
+
+    async def create(self, kind: Kind, body: Body, *, dry_run: bool = False) -> Body:
+        return await self._run(self.sync.create, kind, body, dry_run=dry_run)
+
+    async def replace_status(self, kind: Kind, body: Body) -> Body:
+        return await self._run(self.sync.replace_status, kind, body)
+
+    async def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        patch_type: str = "merge",
+    ) -> Body:
+        return await self._run(
+            self.sync.patch, kind, name, patch, namespace, subresource=subresource, patch_type=patch_type
+        )
+
+    async def delete(self, kind: Kind, name: str, namespace: str | None = None, *, uid: str | None = None) -> bool:
+        return await self._run(self.sync.delete, kind, name, namespace, uid=uid)

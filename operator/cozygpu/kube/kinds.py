@@ -1,0 +1,66 @@
+"""The API resources the operator and its tools talk to, by kind.
+
+A `Kind` is everything the adapter needs to build a URL; no discovery round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cozygpu.api import KINDS
+from cozygpu.api.names import API_VERSION, KUBEVIRT_API_VERSION
+
+
+@dataclass(frozen=True)
+class Kind:
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+
+def _ours() -> dict[str, Kind]:
+    return {k.crd.kind: Kind(API_VERSION, k.crd.kind, k.crd.plural, k.crd.namespaced) for k in KINDS}
+
+
+_ALL = {
+    **_ours(),
+    "Node": Kind("v1", "Node", "nodes", False),
+    "Namespace": Kind("v1", "Namespace", "namespaces", False),
+    "Event": Kind("v1", "Event", "events", True),
+    "VirtualMachineInstance": Kind(KUBEVIRT_API_VERSION, "VirtualMachineInstance", "virtualmachineinstances", True),
+    "VirtualMachine": Kind(KUBEVIRT_API_VERSION, "VirtualMachine", "virtualmachines", True),
+    "KubeVirt": Kind(KUBEVIRT_API_VERSION, "KubeVirt", "kubevirts", True),
+    "CustomResourceDefinition": Kind(
+        "apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False
+    ),
+    "MutatingWebhookConfiguration": Kind(
+        "admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration", "mutatingwebhookconfigurations", False
+    ),
+    "ValidatingWebhookConfiguration": Kind(
+        "admissionregistration.k8s.io/v1",
+        "ValidatingWebhookConfiguration",
+        "validatingwebhookconfigurations",
+        False,
+    ),
+    "ClusterRole": Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
+    "ClusterRoleBinding": Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
+}
+
+
+def kind(name: str) -> Kind:
+    try:
+        return _ALL[name]
+    except KeyError:
+        raise KeyError(f"the adapter knows no kind {name!r}") from None
+
+
+GPU_CLASS = kind("GPUClass")
+GPU_DEVICE = kind("GPUDevice")
+GPU_NODE = kind("GPUNode")
+GPU_BUDGET = kind("GPUBudget")
+NODE = kind("Node")
+NAMESPACE = kind("Namespace")
+VMI = kind("VirtualMachineInstance")
+KUBEVIRT = kind("KubeVirt")
+CRD = kind("CustomResourceDefinition")
