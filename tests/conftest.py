@@ -1,0 +1,73 @@
+"""Shared fixtures: one real control plane per test session (§11), no mocks.
+
+The control plane is started lazily by the first test that asks for it, so unit
+tests run without it. Its binaries come from KUBEBUILDER_ASSETS or the hack
+script's cache (built on first use).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+
+from cozygpu.devcluster import nodes
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import Body, Kube
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    with ControlPlane() as plane:
+        yield plane
+
+
+@pytest.fixture(scope="session")
+def kube(control_plane: ControlPlane) -> Kube:
+    return control_plane.kube()
+
+
+@pytest.fixture
+def namespace(kube: Kube) -> Iterator[str]:
+    """A fresh namespace per test; without a controller manager it stays Terminating, unused."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    kube.delete(kinds.NAMESPACE, name)
+
+
+_node_numbers = itertools.count()
+
+GPUNodeFactory = Callable[..., Body]
+
+
+@pytest.fixture
+def gpu_node(kube: Kube) -> Iterator[GPUNodeFactory]:
+    """Creates fake GPU nodes with unique names; deletes them after the test."""
+    made: list[str] = []
+
+    def make(
+        gpus: Mapping[str, int],
+        *,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Mapping[str, str]] = (),
+        unschedulable: bool = False,
+        ready: bool = True,
+        name: str | None = None,
+    ) -> Body:
+        name = name or f"gpu-node-{next(_node_numbers)}-{uuid.uuid4().hex[:4]}"
+        body = nodes.create_gpu_node(
+            kube, name, gpus, labels=labels, taints=taints, unschedulable=unschedulable, ready=ready
+        )
+        made.append(name)
+        return body
+
+    yield make
+    for name in made:
+        kube.delete(kinds.NODE, name)
