@@ -1,0 +1,47 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv crds control-plane lint unit integration test demo dev-cluster clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+venv: $(STAMP)
+
+# Regenerate crds/ from the models in operator/cozygpu/api.
+crds: venv
+	$(BIN)/cozygpu crds --dir crds
+
+# Build (or find cached) etcd and kube-apiserver; prints where they are.
+control-plane:
+	bash hack/build-control-plane.sh
+
+lint: venv
+	$(BIN)/ruff check operator tests hack
+	$(BIN)/ruff format --check operator tests hack
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/cozygpu crds --dir crds --check
+
+unit: venv
+	$(BIN)/pytest tests/unit
+
+test: lint control-plane
+	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/pytest --durations=10
+
+# A local control plane with fake GPU nodes and a short walk through the API.
+demo: venv control-plane
+	$(BIN)/python hack/demo.py
+
+# The control plane alone, in the foreground, for trying things by hand.
+dev-cluster: venv control-plane
+	$(BIN)/cozygpu dev-cluster --kubeconfig .dev/kubeconfig
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .dev
