@@ -1,6 +1,7 @@
 """The `cozygpu` console script.
 
 Subcommands:
+  run          run the operator (binder, node accountant; webhooks to come)
   dev-cluster  run a local control plane (etcd, kube-apiserver, our CRDs and
                KubeVirt's) in the foreground and write an admin kubeconfig
   crds         write the CRDs generated from the models to crds/ (or --check them)
@@ -9,6 +10,8 @@ Subcommands:
 from __future__ import annotations
 
 import argparse
+import asyncio
+import os
 import signal
 import sys
 import threading
@@ -16,10 +19,13 @@ from pathlib import Path
 from types import FrameType
 
 import structlog
+from pydantic import ValidationError
 
 from cozygpu import logs
 from cozygpu.api import crdgen
 from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.runtime import handlers
+from cozygpu.settings import Settings
 
 
 def _crds(args: argparse.Namespace) -> int:
@@ -64,11 +70,43 @@ def _dev_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    overrides = {
+        "kubeconfig": args.kubeconfig,
+        "bind_timeout": args.bind_timeout,
+        "webhook_timeout": args.webhook_timeout,
+        "grace_period": args.grace_period,
+        "sweep_interval": args.sweep_interval,
+        "health_host": args.health_host,
+        "health_port": args.health_port,
+        "log_format": args.log_format,
+        "log_level": args.log_level,
+    }
+    try:
+        settings = Settings.load(os.environ, overrides)
+    except ValidationError as e:
+        print(f"cozygpu run: invalid settings:\n{e}", file=sys.stderr)
+        return 2
+    logs.configure(settings.log_format, settings.log_level)
+    asyncio.run(handlers.run(settings))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cozygpu", description="GPUs for KubeVirt virtual machines.")
-    p.add_argument("--log-format", choices=["json", "console"], default="console")
-    p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", choices=["json", "console"], default=None)
+    p.add_argument("--log-level", default=None)
     sub = p.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the operator")
+    run.add_argument("--kubeconfig", help="unset: the in-cluster service account")
+    run.add_argument("--bind-timeout", type=float, help="seconds the webhook waits for the binder (default 10)")
+    run.add_argument("--webhook-timeout", type=float, help="the API server's webhook timeout (default 20)")
+    run.add_argument("--grace-period", type=float, help="attachment grace period, seconds (default 120)")
+    run.add_argument("--sweep-interval", type=float, help="safety-net sweep period, seconds (default 60)")
+    run.add_argument("--health-host", help="address of /healthz and /readyz (default 0.0.0.0)")
+    run.add_argument("--health-port", type=int, help="port of /healthz and /readyz (default 8080)")
+    run.set_defaults(func=_run)
 
     dev = sub.add_parser("dev-cluster", help="run a local control plane in the foreground")
     dev.add_argument("--kubeconfig", required=True, help="where to write the admin kubeconfig")
@@ -84,7 +122,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logs.configure(args.log_format, args.log_level)
+    logs.configure(args.log_format or "console", args.log_level or "INFO")
     code: int = args.func(args)
     return code
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import ctypes
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -33,6 +35,13 @@ SERVICE_CIDR = "10.0.0.0/24"
 
 class ControlPlaneError(RuntimeError):
     pass
+
+
+def _die_with_parent() -> None:
+    # Linux PR_SET_PDEATHSIG: etcd and kube-apiserver get SIGTERM if the launcher is
+    # killed outright, so a SIGKILLed test run leaves no control plane behind.
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 def free_port() -> int:
@@ -136,7 +145,13 @@ class ControlPlane:
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
+        )
         self._procs.append((name, proc, log))
         return proc
 

@@ -1,0 +1,91 @@
+"""Budgets and entitlements (§7): may a namespace order these units?
+
+The webhook checks orders early (advice); the binder checks them again at bind time,
+one decision at a time, which is the guarantee (§7.4).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cozygpu.api import GPUBudget
+from cozygpu.decisions.selectors import selector_matches
+from cozygpu.state.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class Order:
+    """`count` new units of `class_name` in `namespace`; `what` names it in messages."""
+
+    namespace: str
+    class_name: str
+    count: int
+    what: str
+
+
+def covered_namespaces(cluster: Cluster, budget: GPUBudget) -> set[str]:
+    """§1.4: its own namespace, and every namespace its namespaceSelector matches."""
+    own = budget.namespace or ""
+    if budget.spec.namespace_selector is None:
+        return {own}
+    selector = budget.spec.namespace_selector
+    return {own} | {ns for ns in cluster.namespaces if selector_matches(selector, cluster.namespace_labels(ns))}
+
+
+def covering_budgets(cluster: Cluster, namespace: str) -> list[GPUBudget]:
+    labels = cluster.namespace_labels(namespace)
+    out = [
+        b
+        for b in cluster.budgets.values()
+        if b.namespace == namespace
+        or (b.spec.namespace_selector is not None and selector_matches(b.spec.namespace_selector, labels))
+    ]
+    return sorted(out, key=lambda b: (b.namespace or "", b.name))
+
+
+def usage(cluster: Cluster, budget: GPUBudget) -> dict[str, int]:
+    """§7.2: units of Pending, Bound and Lost devices in the covered namespaces, per class."""
+    used: dict[str, int] = defaultdict(int)
+    for ns in covered_namespaces(cluster, budget):
+        for d in cluster.devices_in(ns):
+            if d.counts_against_budgets:
+                used[d.spec.class_name] += d.spec.count
+    return dict(used)
+
+
+def entitled(cluster: Cluster, namespace: str, class_name: str) -> bool:
+    """§1.1: no namespaceSelector means every namespace is entitled."""
+    cls = cluster.classes.get(class_name)
+    return cls is not None and selector_matches(cls.spec.namespace_selector, cluster.namespace_labels(namespace))
+
+
+def check_orders(cluster: Cluster, orders: Sequence[Order]) -> str | None:
+    """§7.1: every order in turn, each counting the ones before it; the first refusal, or None."""
+    used: dict[tuple[str, str], dict[str, int]] = {}
+    for order in orders:
+        if not entitled(cluster, order.namespace, order.class_name):
+            return f"{order.what}: namespace {order.namespace} is not entitled to GPUClass {order.class_name}"
+        budgets = covering_budgets(cluster, order.namespace)
+        for budget in budgets:
+            key = (budget.namespace or "", budget.name)
+            counts = used.setdefault(key, usage(cluster, budget))
+            limit = budget.spec.limits.get(order.class_name)
+            after = counts.get(order.class_name, 0) + order.count
+            if limit is not None and after > limit:
+                return (
+                    f"{order.what}: GPUBudget {key[0]}/{key[1]} allows {limit} units of GPUClass "
+                    f"{order.class_name} and {counts.get(order.class_name, 0)} are in use; "
+                    f"{order.count} more would exceed it"
+                )
+            total = sum(counts.values())
+            if budget.spec.total is not None and total + order.count > budget.spec.total:
+                return (
+                    f"{order.what}: GPUBudget {key[0]}/{key[1]} allows {budget.spec.total} units in total "
+                    f"and {total} are in use; {order.count} more would exceed it"
+                )
+        for budget in budgets:
+            counts = used[(budget.namespace or "", budget.name)]
+            counts[order.class_name] = counts.get(order.class_name, 0) + order.count
+    return None

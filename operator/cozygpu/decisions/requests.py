@@ -1,0 +1,90 @@
+"""The binder's side of the bind protocol (§4): which requests are ready, and what to answer.
+
+A request is answered once every device it names carries its id. `assess` returns
+what the binder should do with one request id: nothing yet, fail it, or place it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+from cozygpu.api import BindRequest, GPUDevice
+from cozygpu.decisions.budgets import Order, check_orders
+from cozygpu.decisions.placement import NoPlacement, Placement, place
+from cozygpu.state.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Some named device does not carry the id yet: the webhook is still writing."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """Write this answer on every device that carries the request."""
+
+    request: BindRequest
+    namespace: str
+    devices: tuple[GPUDevice, ...]  # the devices carrying the id, in the request's order
+    outcome: Placement | NoPlacement
+
+
+Assessment = Wait | Answer | None
+
+
+def _request_of(devices: list[GPUDevice]) -> BindRequest | None:
+    for d in devices:
+        if d.status.bind_request is not None:
+            return d.status.bind_request
+    return None
+
+
+def assess(cluster: Cluster, request_id: str, now: dt.datetime, incomplete_after: dt.timedelta) -> Assessment:
+    """None when there is nothing to answer (answered already, or gone)."""
+    carriers = cluster.devices_of_request(request_id)
+    if not carriers or all(d.status.bind_request and d.status.bind_request.result for d in carriers):
+        return None
+    request = _request_of(carriers)
+    assert request is not None
+    namespace = carriers[0].namespace or ""
+    by_name = {d.name: d for d in carriers}
+
+    def fail(message: str) -> Answer:
+        ordered = tuple(by_name[n] for n in request.devices if n in by_name)
+        return Answer(request, namespace, ordered, NoPlacement(message))
+
+    for name in request.devices:
+        if name in by_name:
+            continue
+        other = cluster.device(namespace, name)
+        if other is not None and other.deleting:
+            return fail(f"GPUDevice {name} is being deleted")
+        theirs = other.status.bind_request if other is not None else None
+        if theirs is not None and theirs.result is None and theirs.id != request_id:
+            return fail(f"GPUDevice {name} is part of another bind request")
+        if now - request.requested_at > incomplete_after:
+            missing = "does not exist" if other is None else "does not carry this request"
+            return fail(f"GPUDevice {name} {missing}")
+        return Wait(f"GPUDevice {name} does not carry the request yet")
+
+    devices = tuple(by_name[n] for n in request.devices)
+    for d in devices:
+        if d.deleting:
+            return fail(f"GPUDevice {d.name} is being deleted")
+        attached = d.status.attached_to
+        if attached is None or attached.vmi != request.vmi:
+            return fail(f"GPUDevice {d.name} is not attached to VMI {request.vmi}")
+
+    # §5.4: new devices are orders; check them again now, serialised with every other decision.
+    orders = [
+        Order(namespace, d.spec.class_name, d.spec.count, f"GPUDevice {d.name}")
+        for d in devices
+        if not d.counts_against_budgets
+    ]
+    refusal = check_orders(cluster, orders)
+    if refusal is not None:
+        return Answer(request, namespace, devices, NoPlacement(refusal))
+    return Answer(request, namespace, devices, place(cluster, devices))

@@ -1,0 +1,51 @@
+"""Reads a kubeconfig's current context into plain connection fields.
+
+kopf logs in with these (runtime.app); pykube reads the same file itself. Kept here
+so the kubeconfig format is handled in the adapter layer only.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class Connection:
+    server: str
+    ca_data: bytes | None = None
+    certificate_data: bytes | None = None
+    private_key_data: bytes | None = None
+    token: str | None = None
+    insecure: bool = False
+    namespace: str = "default"
+
+
+def _data(entry: dict[str, Any], key: str, base: Path) -> bytes | None:
+    if f"{key}-data" in entry:
+        return base64.b64decode(str(entry[f"{key}-data"]))
+    if key in entry:
+        return (base / str(entry[key])).read_bytes()
+    return None
+
+
+def from_kubeconfig(path: Path) -> Connection:
+    config = yaml.safe_load(path.read_text())
+    base = path.parent
+    current = config["current-context"]
+    context = next(c["context"] for c in config["contexts"] if c["name"] == current)
+    cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
+    user: dict[str, Any] = next((u["user"] for u in config.get("users", []) if u["name"] == context.get("user")), {})
+    return Connection(
+        server=cluster["server"],
+        ca_data=_data(cluster, "certificate-authority", base),
+        certificate_data=_data(user, "client-certificate", base),
+        private_key_data=_data(user, "client-key", base),
+        token=user.get("token"),
+        insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
+        namespace=context.get("namespace", "default"),
+    )

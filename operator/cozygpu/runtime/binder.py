@@ -1,0 +1,208 @@
+"""The binder (§4, §5): the one writer of phase, nodeName and bindRequest.result.
+
+One task decides one thing at a time from the cluster view, so two decisions never
+spend the same free unit; each write's response goes straight back into the view,
+so a decision counts before its watch event arrives. Woken by `poke()` whenever an
+event may matter; it never polls the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import time
+from collections.abc import Callable
+
+import structlog
+
+from cozygpu.api import GPUDevice, Phase
+from cozygpu.api.meta import now as utcnow
+from cozygpu.api.names import LABEL_TEMPLATE_DEVICE, TRUE
+from cozygpu.decisions import transitions
+from cozygpu.decisions.placement import NoPlacement, Placement, place
+from cozygpu.decisions.requests import Answer, Wait, assess
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import AsyncKube, Conflict, NotFound
+from cozygpu.state.cluster import Cluster, DeviceKey
+
+log = structlog.get_logger("cozygpu.binder")
+
+
+def _key(device: GPUDevice) -> DeviceKey:
+    return (device.namespace or "", device.name)
+
+
+class Binder:
+    def __init__(
+        self,
+        cluster: Cluster,
+        kube: AsyncKube,
+        *,
+        incomplete_after: float,
+        on_write: Callable[[], None] = lambda: None,
+        clock: Callable[[], dt.datetime] = utcnow,
+    ) -> None:
+        self._cluster = cluster
+        self._kube = kube
+        self._incomplete_after = dt.timedelta(seconds=incomplete_after)
+        self._on_write = on_write
+        self._clock = clock
+        self._wake = asyncio.Event()
+        # Capacity generation at a device's last failed placement: retry only when it moves.
+        self._tried_at: dict[DeviceKey, int] = {}
+        self._gone_nodes: set[str] = set()
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def node_removed(self, name: str) -> None:
+        self._gone_nodes.add(name)
+        self.poke()
+
+    async def run(self) -> None:
+        """Decide until cancelled; called once the cluster view has synced."""
+        self._gone_nodes |= {n for n in self._cluster.nodes_named_by_devices() if n not in self._cluster.nodes}
+        while True:
+            self._wake.clear()
+            try:
+                waiting = await self.step()
+            except Exception:
+                log.exception("binder.step_failed")
+                waiting = True
+            timeout = 0.5 if waiting else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    async def step(self) -> bool:
+        """One pass over everything undecided; True when a request is still being written."""
+        waiting = await self._answer_requests()
+        await self._mark_lost()
+        await self._place_waiting()
+        return waiting
+
+    # -- bind requests (§4) --------------------------------------------------
+
+    async def _answer_requests(self) -> bool:
+        waiting = False
+        ids = self._cluster.open_request_ids()
+        ids.sort(key=self._requested_at)
+        for request_id in ids:
+            assessment = assess(self._cluster, request_id, self._clock(), self._incomplete_after)
+            if isinstance(assessment, Wait):
+                waiting = True
+            elif isinstance(assessment, Answer):
+                await self._answer(assessment)
+        return waiting
+
+    def _requested_at(self, request_id: str) -> dt.datetime:
+        for d in self._cluster.devices_of_request(request_id):
+            if d.status.bind_request is not None:
+                return d.status.bind_request.requested_at
+        return self._clock()
+
+    async def _answer(self, answer: Answer) -> None:
+        started = time.monotonic()
+        now = self._clock()
+        outcome = answer.outcome
+        request = answer.request
+        for device in answer.devices:
+            if isinstance(outcome, Placement):
+                new = transitions.bound(device, outcome.node, now, request.id)
+            else:
+                new = transitions.refused(device, request.id, outcome.message)
+            if not await self._write(new):
+                # Someone wrote first; the view now holds their version and the next pass decides again.
+                log.info("bind.retry", request_id=request.id, namespace=answer.namespace, device=device.name)
+                return
+        placed = isinstance(outcome, Placement)
+        log.info(
+            "bind.answered",
+            request_id=request.id,
+            namespace=answer.namespace,
+            vmi=request.vmi,
+            devices=[d.name for d in answer.devices],
+            result="Succeeded" if placed else "Failed",
+            node=outcome.node if isinstance(outcome, Placement) else None,
+            moved=list(outcome.moves) if isinstance(outcome, Placement) else [],
+            message=outcome.message if isinstance(outcome, NoPlacement) else None,
+            duration_ms=round((time.monotonic() - started) * 1000, 1),
+        )
+
+    # -- devices outside requests (§5.5, §5.6) -------------------------------
+
+    async def _mark_lost(self) -> None:
+        gone, self._gone_nodes = self._gone_nodes, set()
+        for node in sorted(gone):
+            if node in self._cluster.nodes:
+                continue
+            for device in list(self._cluster.devices_on(node)):
+                if device.holds_gpus and device.status.node_name == node:
+                    why = f"node {node} is gone"
+                    if await self._write(transitions.lost(device, why, self._clock())):
+                        log.info("device.lost", namespace=device.namespace, device=device.name, node=node)
+
+    def _placeable(self, device: GPUDevice) -> bool:
+        request = device.status.bind_request
+        if device.deleting or (request is not None and request.result is None):
+            return False
+        if device.status.phase is None and device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) == TRUE:
+            return False  # a template device belongs to its VMI's admission
+        # §2: a Lost device still attached waits until its VMI is gone.
+        return not (device.status.phase is Phase.LOST and device.status.attached_to is not None)
+
+    async def _place_waiting(self) -> None:
+        """First come first served by creation time, whenever capacity may have changed."""
+        waiting = [d for d in self._cluster.unbound_devices() if self._placeable(d)]
+        waiting.sort(key=lambda d: (d.metadata.creation_timestamp or self._clock(), d.namespace or "", d.name))
+        live = {_key(d) for d in waiting}
+        self._tried_at = {k: g for k, g in self._tried_at.items() if k in live}
+        for device in waiting:
+            key = _key(device)
+            generation = self._cluster.capacity_generation
+            if device.status.phase is not None and self._tried_at.get(key) == generation:
+                continue
+            current = self._cluster.device(*key)
+            if current is None:
+                continue
+            outcome = place(self._cluster, [current])
+            if isinstance(outcome, Placement):
+                if await self._write(transitions.bound(current, outcome.node, self._clock())):
+                    self._tried_at.pop(key, None)
+                    log.info(
+                        "device.bound",
+                        namespace=key[0],
+                        device=key[1],
+                        node=outcome.node,
+                        phase_was=str(current.status.phase),
+                    )
+                continue
+            new = transitions.waiting(current, outcome.message, self._clock())
+            if new != current and not await self._write(new):
+                continue
+            self._tried_at[key] = generation
+            if current.status.phase is None or current.status.message != outcome.message:
+                log.info("device.waiting", namespace=key[0], device=key[1], message=outcome.message)
+
+    # -- writes ----------------------------------------------------------------
+
+    async def _write(self, device: GPUDevice) -> bool:
+        """Replace the device's status under its resourceVersion; False when someone wrote first."""
+        namespace = device.namespace or ""
+        try:
+            body = await self._kube.replace_status(kinds.GPU_DEVICE, device.wire())
+        except Conflict:
+            fresh = await self._kube.get_or_none(kinds.GPU_DEVICE, device.name, namespace)
+            if fresh is None:
+                self._cluster.remove_device(namespace, device.name)
+            else:
+                self._cluster.upsert_device(fresh)
+            self._on_write()
+            return False
+        except NotFound:
+            self._cluster.remove_device(namespace, device.name)
+            self._on_write()
+            return False
+        self._cluster.upsert_device(body)
+        self._on_write()
+        return True

@@ -1,0 +1,39 @@
+"""/healthz and /readyz over plain HTTP (§10): ready only once nothing decides on a partial view."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aiohttp import web
+
+
+class HealthServer:
+    def __init__(self, host: str, port: int, ready: Callable[[], tuple[bool, str]]) -> None:
+        self._host, self._port = host, port
+        self._ready = ready
+        self._runner: web.AppRunner | None = None
+        self.port = port
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        ok, why = self._ready()
+        return web.Response(text="ok" if ok else why, status=200 if ok else 503)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        await site.start()
+        server = site._server
+        if server is not None and self._port == 0:
+            sockets = getattr(server, "sockets", None) or []
+            self.port = sockets[0].getsockname()[1] if sockets else 0
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

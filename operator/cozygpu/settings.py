@@ -1,0 +1,49 @@
+"""The operator's settings (§10): one frozen pydantic model, passed to whoever needs it.
+
+Built by the CLI from flags over environment variables (`COZYGPU_*`) over defaults.
+No module reads the environment itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ENV_PREFIX = "COZYGPU_"
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kubeconfig: Path | None = Field(default=None, description="Unset: in-cluster service account.")
+    bind_timeout: float = Field(default=10.0, gt=0, le=29, description="How long the webhook waits for the binder.")
+    webhook_timeout: float = Field(default=20.0, gt=0, le=30, description="The API server's timeout for our webhook.")
+    grace_period: float = Field(default=120.0, gt=0, description="Attachment grace period (§6.3), seconds.")
+    sweep_interval: float = Field(default=60.0, gt=0, description="Safety-net sweep period (§6.4), seconds.")
+    log_format: Literal["json", "console"] = "json"
+    log_level: str = "INFO"
+    health_host: str = "0.0.0.0"
+    health_port: int = Field(default=8080, ge=0, le=65535)
+
+    @model_validator(mode="after")
+    def _bind_inside_webhook(self) -> Self:
+        # §3: bind timeout < webhook timeout <= 30 s, so a refusal reaches the tenant.
+        if self.bind_timeout >= self.webhook_timeout:
+            raise ValueError(
+                f"bind_timeout ({self.bind_timeout}s) must be shorter than webhook_timeout ({self.webhook_timeout}s)"
+            )
+        return self
+
+    @classmethod
+    def load(cls, env: Mapping[str, str], overrides: Mapping[str, Any]) -> Settings:
+        """Flags (overrides, None meaning unset) over COZYGPU_* variables over defaults."""
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            key = ENV_PREFIX + name.upper()
+            if key in env:
+                values[name] = env[key]
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls.model_validate(values)

@@ -1,0 +1,195 @@
+"""The in-memory cluster view: objects by key plus the indexes decisions read.
+
+Callers: the watch handlers (`runtime.handlers`) upsert and remove objects as events
+arrive; the binder upserts the bodies its own writes return, so a decision it made
+is counted before the watch echoes it (no unit is spent twice). An event older than
+what is stored (lower resourceVersion) is ignored for the same reason.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode
+from cozygpu.state.nodes import NodeInfo, node_info
+
+DeviceKey = tuple[str, str]  # (namespace, name)
+
+
+def _rv(value: str | None) -> int:
+    # resourceVersions are etcd revisions: opaque by contract, integers in practice.
+    try:
+        return int(value or 0)
+    except ValueError:
+        return 0
+
+
+def _newer(stored: str | None, incoming: str | None) -> bool:
+    return stored is None or _rv(incoming) >= _rv(stored)
+
+
+class Cluster:
+    """Every object the decisions need, kept current from events."""
+
+    def __init__(self) -> None:
+        self.classes: dict[str, GPUClass] = {}
+        self.devices: dict[DeviceKey, GPUDevice] = {}
+        self.budgets: dict[DeviceKey, GPUBudget] = {}
+        self.nodes: dict[str, NodeInfo] = {}
+        self.namespaces: dict[str, dict[str, str]] = {}
+        self._by_node: dict[str, set[DeviceKey]] = defaultdict(set)
+        self._by_namespace: dict[str, set[DeviceKey]] = defaultdict(set)
+        self._by_request: dict[str, set[DeviceKey]] = defaultdict(set)
+        self._open_requests: dict[str, set[DeviceKey]] = defaultdict(set)
+        self._unbound: set[DeviceKey] = set()
+        self.gpunodes: dict[str, GPUNode] = {}
+        # Bumped whenever capacity may have grown: waiting devices are retried then.
+        self.capacity_generation = 0
+        # Nodes whose GPUNode status may have changed; the node accountant drains it.
+        self.dirty_nodes: set[str] = set()
+
+    # -- devices -----------------------------------------------------------
+
+    def upsert_device(self, body: dict[str, Any] | GPUDevice) -> GPUDevice | None:
+        """Store a device unless what is stored is newer; returns the stored one."""
+        device = body if isinstance(body, GPUDevice) else GPUDevice.from_wire(body)
+        key = (device.namespace or "", device.name)
+        old = self.devices.get(key)
+        if old is not None and not _newer(old.metadata.resource_version, device.metadata.resource_version):
+            return old
+        if old is not None:
+            self._unindex(key, old)
+            if old.holds_gpus and not (device.holds_gpus and device.status.node_name == old.status.node_name):
+                self.capacity_generation += 1
+        self.devices[key] = device
+        self._index(key, device)
+        self._touch(old, device)
+        return device
+
+    def remove_device(self, namespace: str, name: str) -> None:
+        key = (namespace, name)
+        old = self.devices.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
+            self._touch(old, None)
+            self.capacity_generation += 1
+
+    def _touch(self, old: GPUDevice | None, new: GPUDevice | None) -> None:
+        for d in (old, new):
+            if d is not None and d.status.node_name:
+                self.dirty_nodes.add(d.status.node_name)
+
+    def _index(self, key: DeviceKey, device: GPUDevice) -> None:
+        if device.status.node_name:
+            self._by_node[device.status.node_name].add(key)
+        self._by_namespace[key[0]].add(key)
+        request = device.status.bind_request
+        if request is not None:
+            self._by_request[request.id].add(key)
+            if request.result is None:
+                self._open_requests[request.id].add(key)
+        if not device.holds_gpus:
+            self._unbound.add(key)
+
+    def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
+        self._unbound.discard(key)
+        request = device.status.bind_request
+        for index, value in (
+            (self._by_node, device.status.node_name),
+            (self._by_namespace, key[0]),
+            (self._by_request, request.id if request else None),
+            (self._open_requests, request.id if request and request.result is None else None),
+        ):
+            if value is not None and value in index:
+                index[value].discard(key)
+                if not index[value]:
+                    del index[value]
+
+    def device(self, namespace: str, name: str) -> GPUDevice | None:
+        return self.devices.get((namespace, name))
+
+    def devices_on(self, node: str) -> Iterator[GPUDevice]:
+        """Devices whose status names the node (Bound there or Lost from there)."""
+        for key in self._by_node.get(node, ()):
+            yield self.devices[key]
+
+    def devices_in(self, namespace: str) -> Iterator[GPUDevice]:
+        for key in self._by_namespace.get(namespace, ()):
+            yield self.devices[key]
+
+    def devices_of_request(self, request_id: str) -> list[GPUDevice]:
+        return [self.devices[k] for k in self._by_request.get(request_id, ())]
+
+    def open_request_ids(self) -> list[str]:
+        """Ids of bind requests that some device carries without a result."""
+        return list(self._open_requests)
+
+    def unbound_devices(self) -> list[GPUDevice]:
+        """Devices not Bound: unseen, Pending or Lost; the binder's waiting room."""
+        return [self.devices[k] for k in self._unbound]
+
+    def nodes_named_by_devices(self) -> Iterable[str]:
+        return list(self._by_node)
+
+    # -- the rest ----------------------------------------------------------
+
+    def upsert_gpunode(self, body: dict[str, Any]) -> None:
+        node = GPUNode.from_wire(body)
+        old = self.gpunodes.get(node.name)
+        if old is None or _newer(old.metadata.resource_version, node.metadata.resource_version):
+            self.gpunodes[node.name] = node
+
+    def remove_gpunode(self, name: str) -> None:
+        self.gpunodes.pop(name, None)
+
+    def upsert_class(self, body: dict[str, Any]) -> None:
+        cls = GPUClass.from_wire(body)
+        old = self.classes.get(cls.name)
+        if old is None or _newer(old.metadata.resource_version, cls.metadata.resource_version):
+            self.classes[cls.name] = cls
+            self.capacity_generation += 1
+            self.dirty_nodes |= set(self.nodes)
+
+    def remove_class(self, name: str) -> None:
+        self.classes.pop(name, None)
+        self.capacity_generation += 1
+        self.dirty_nodes |= set(self.nodes)
+
+    def upsert_budget(self, body: dict[str, Any]) -> None:
+        budget = GPUBudget.from_wire(body)
+        key = (budget.namespace or "", budget.name)
+        old = self.budgets.get(key)
+        if old is None or _newer(old.metadata.resource_version, budget.metadata.resource_version):
+            self.budgets[key] = budget
+
+    def remove_budget(self, namespace: str, name: str) -> None:
+        self.budgets.pop((namespace, name), None)
+
+    def upsert_node(self, body: dict[str, Any]) -> NodeInfo:
+        node = node_info(body)
+        old = self.nodes.get(node.name)
+        if old is not None and not _newer(old.resource_version, node.resource_version):
+            return old
+        self.nodes[node.name] = node
+        self.capacity_generation += 1
+        self.dirty_nodes.add(node.name)
+        return node
+
+    def remove_node(self, name: str) -> None:
+        self.nodes.pop(name, None)
+        self.capacity_generation += 1
+        self.dirty_nodes.add(name)
+
+    def upsert_namespace(self, body: dict[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        self.namespaces[meta.get("name", "")] = dict(meta.get("labels") or {})
+
+    def remove_namespace(self, name: str) -> None:
+        self.namespaces.pop(name, None)
+
+    def namespace_labels(self, namespace: str) -> dict[str, str]:
+        # Every namespace carries kubernetes.io/metadata.name; keep selectors on it working
+        # even before the namespace's own event arrives.
+        return {"kubernetes.io/metadata.name": namespace, **self.namespaces.get(namespace, {})}

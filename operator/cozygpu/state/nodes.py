@@ -1,0 +1,55 @@
+"""A Node as the decisions see it: labels, taints, readiness and GPU allocatable."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+_PLAIN_INT = re.compile(r"^\d+$")
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str
+    effect: str
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    ready: bool = False
+    unschedulable: bool = False
+    # Only whole-number quantities: device-plugin resources are always counts.
+    allocatable: dict[str, int] = field(default_factory=dict)
+    resource_version: str = ""
+
+    def units(self, resource: str) -> int:
+        """§8.1: served units of a resource = allocatable while the node exists."""
+        return self.allocatable.get(resource, 0)
+
+
+def node_info(body: dict[str, Any]) -> NodeInfo:
+    meta = body.get("metadata", {})
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    conditions = status.get("conditions") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    allocatable = {
+        k: int(v) for k, v in (status.get("allocatable") or {}).items() if isinstance(v, str) and _PLAIN_INT.match(v)
+    }
+    taints = tuple(
+        Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", "")) for t in spec.get("taints") or []
+    )
+    return NodeInfo(
+        name=meta.get("name", ""),
+        labels=dict(meta.get("labels") or {}),
+        taints=taints,
+        ready=ready,
+        unschedulable=bool(spec.get("unschedulable")),
+        allocatable=allocatable,
+        resource_version=meta.get("resourceVersion", ""),
+    )

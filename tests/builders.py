@@ -1,0 +1,121 @@
+"""Builders of cluster views for unit tests: plain API bodies into a `Cluster`."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from cozygpu.api.names import API_VERSION, LABEL_TEMPLATE_DEVICE
+from cozygpu.state.cluster import Cluster
+
+A10 = "nvidia.com/GA102GL_A10"
+L40S = "nvidia.com/NVIDIA_L40S-12Q"
+
+_rv = itertools.count(1)
+EPOCH = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def rv() -> str:
+    return str(next(_rv))
+
+
+def node(
+    name: str,
+    gpus: dict[str, int],
+    *,
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+    ready: bool = True,
+    unschedulable: bool = False,
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels or {}, "resourceVersion": rv()},
+        "spec": {"taints": taints or [], "unschedulable": unschedulable},
+        "status": {
+            "allocatable": {"cpu": "32", "memory": "64Gi", **{k: str(v) for k, v in gpus.items()}},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def gpu_class(name: str, resource: str = A10, mode: str = "passthrough", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUClass",
+        "metadata": {"name": name, "resourceVersion": rv()},
+        "spec": {"mode": mode, "resourceName": resource, **spec},
+    }
+
+
+def device(
+    name: str,
+    class_name: str = "a10",
+    count: int = 1,
+    *,
+    namespace: str = "t1",
+    phase: str | None = None,
+    node_name: str | None = None,
+    template: bool = False,
+    created: int = 0,
+    status: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    st: dict[str, Any] = dict(status or {})
+    if phase:
+        st["phase"] = phase
+    if node_name:
+        st["nodeName"] = node_name
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUDevice",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "resourceVersion": rv(),
+            "creationTimestamp": (EPOCH + dt.timedelta(seconds=created)).isoformat(),
+            "labels": {LABEL_TEMPLATE_DEVICE: "true"} if template else {},
+        },
+        "spec": {"className": class_name, "count": count},
+        "status": st,
+    }
+
+
+def budget(
+    name: str, namespace: str = "t1", limits: dict[str, int] | None = None, total: int | None = None, **spec: Any
+) -> dict[str, Any]:
+    s: dict[str, Any] = {"limits": limits or {}, **spec}
+    if total is not None:
+        s["total"] = total
+    return {"metadata": {"name": name, "namespace": namespace, "resourceVersion": rv()}, "spec": s}
+
+
+def cluster(
+    *,
+    nodes: Sequence[dict[str, Any]] = (),
+    classes: Sequence[dict[str, Any]] = (),
+    devices: Sequence[dict[str, Any]] = (),
+    budgets: Sequence[dict[str, Any]] = (),
+    namespaces: dict[str, dict[str, str]] | None = None,
+) -> Cluster:
+    c = Cluster()
+    for n in nodes:
+        c.upsert_node(n)
+    for cl in classes:
+        c.upsert_class(cl)
+    for d in devices:
+        c.upsert_device(d)
+    for b in budgets:
+        c.upsert_budget(b)
+    for ns, labels in (namespaces or {}).items():
+        c.upsert_namespace({"metadata": {"name": ns, "labels": labels}})
+    return c
+
+
+def request(
+    request_id: str, vmi: str, devices: list[str], at: dt.datetime, result: str | None = None
+) -> dict[str, Any]:
+    r: dict[str, Any] = {"id": request_id, "vmi": vmi, "devices": devices, "requestedAt": at.isoformat()}
+    if result:
+        r["result"] = result
+    return {"attachedTo": {"vmi": vmi, "since": at.isoformat()}, "bindRequest": r}

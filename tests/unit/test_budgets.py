@@ -1,0 +1,109 @@
+"""Budgets and entitlements (§7): orders count against every covering budget, each counting the last."""
+
+from __future__ import annotations
+
+from cozygpu.decisions.budgets import Order, check_orders, covering_budgets, usage
+from tests.builders import budget, cluster, device, gpu_class
+
+
+def order(count: int, class_name: str = "a10", namespace: str = "t1", what: str = "deviceTemplate 0") -> Order:
+    return Order(namespace, class_name, count, what)
+
+
+def test_pending_bound_and_lost_count_against_a_budget() -> None:
+    """§7.2: every phase that counts, not just Bound; unseen devices do not count yet."""
+    c = cluster(
+        classes=[gpu_class("a10")],
+        devices=[
+            device("p", count=1, phase="Pending"),
+            device("b", count=2, phase="Bound", node_name="n1"),
+            device("l", count=4, phase="Lost", node_name="n1"),
+            device("new", count=8),
+        ],
+        budgets=[budget("b", limits={"a10": 100})],
+    )
+    assert usage(c, c.budgets[("t1", "b")]) == {"a10": 7}
+
+
+def test_an_order_within_the_limit_passes_and_one_beyond_fails() -> None:
+    """§7.1: used + n must stay within the class's limit; the message names the budget and the numbers."""
+    c = cluster(
+        classes=[gpu_class("a10")],
+        devices=[device("b", count=3, phase="Bound", node_name="n1")],
+        budgets=[budget("cap", limits={"a10": 4})],
+    )
+    assert check_orders(c, [order(1)]) is None
+    refusal = check_orders(c, [order(2)])
+    assert refusal == (
+        "deviceTemplate 0: GPUBudget t1/cap allows 4 units of GPUClass a10 and 3 are in use; 2 more would exceed it"
+    )
+
+
+def test_orders_count_each_other() -> None:
+    """§3.9/§7.1: the second order sees the first as used."""
+    c = cluster(classes=[gpu_class("a10")], budgets=[budget("cap", limits={"a10": 3})])
+    refusal = check_orders(c, [order(2, what="deviceTemplate 0"), order(2, what="deviceTemplate 1")])
+    assert refusal is not None
+    assert refusal.startswith("deviceTemplate 1:")
+
+
+def test_total_caps_all_classes_together() -> None:
+    """§1.4: total limits units over every class, named or not in limits."""
+    c = cluster(
+        classes=[gpu_class("a10"), gpu_class("h100", "nvidia.com/H100")],
+        devices=[device("b", "h100", 2, phase="Bound", node_name="n1")],
+        budgets=[budget("cap", total=3)],
+    )
+    assert check_orders(c, [order(1)]) is None
+    refusal = check_orders(c, [order(2)])
+    assert refusal is not None
+    assert "allows 3 units in total and 2 are in use" in refusal
+
+
+def test_a_class_not_in_limits_is_unlimited_without_total() -> None:
+    """§1.4: a class the budget does not name is not limited by it."""
+    c = cluster(classes=[gpu_class("a10"), gpu_class("h100")], budgets=[budget("cap", limits={"h100": 0})])
+    assert check_orders(c, [order(50)]) is None
+
+
+def test_a_parent_budget_covers_matching_namespaces() -> None:
+    """§1.4: a budget with namespaceSelector covers those namespaces, counting their devices together."""
+    c = cluster(
+        classes=[gpu_class("a10")],
+        devices=[device("x", count=2, namespace="child-a", phase="Bound", node_name="n1")],
+        budgets=[
+            budget(
+                "tenant", namespace="parent", limits={"a10": 3}, namespaceSelector={"matchLabels": {"tenant": "acme"}}
+            )
+        ],
+        namespaces={"parent": {}, "child-a": {"tenant": "acme"}, "child-b": {"tenant": "acme"}, "other": {}},
+    )
+    assert [b.name for b in covering_budgets(c, "child-b")] == ["tenant"]
+    assert covering_budgets(c, "other") == []
+    refusal = check_orders(c, [order(2, namespace="child-b")])
+    assert refusal is not None
+    assert "GPUBudget parent/tenant" in refusal
+    assert check_orders(c, [order(5, namespace="other")]) is None
+
+
+def test_entitlement_follows_the_class_namespace_selector() -> None:
+    """§1.1: only namespaces the class's namespaceSelector matches may order it."""
+    c = cluster(
+        classes=[gpu_class("a10", namespaceSelector={"matchLabels": {"gpu-tier": "gold"}})],
+        namespaces={"t1": {"gpu-tier": "gold"}, "t2": {}},
+    )
+    assert check_orders(c, [order(1, namespace="t1")]) is None
+    assert check_orders(c, [order(1, namespace="t2")]) == (
+        "deviceTemplate 0: namespace t2 is not entitled to GPUClass a10"
+    )
+
+
+def test_a_lowered_budget_refuses_new_orders_only() -> None:
+    """§7.3: what is held stays (no orders, no refusal); a new order is refused."""
+    c = cluster(
+        classes=[gpu_class("a10")],
+        devices=[device("b", count=4, phase="Bound", node_name="n1")],
+        budgets=[budget("cap", limits={"a10": 2})],
+    )
+    assert check_orders(c, []) is None
+    assert check_orders(c, [order(1)]) is not None

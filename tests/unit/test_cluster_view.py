@@ -1,0 +1,63 @@
+"""The in-memory view: newest version wins, indexes follow, capacity changes are noticed."""
+
+from __future__ import annotations
+
+from cozygpu.state.cluster import Cluster
+from tests.builders import A10, EPOCH, cluster, device, gpu_class, node, request
+
+
+def test_an_older_event_does_not_overwrite_a_newer_write() -> None:
+    """The binder's own write (newer resourceVersion) is kept when a stale event arrives after it."""
+    c = Cluster()
+    newer = device("a", phase="Bound", node_name="n1")
+    newer["metadata"]["resourceVersion"] = "20"
+    older = device("a")
+    older["metadata"]["resourceVersion"] = "10"
+    c.upsert_device(newer)
+    c.upsert_device(older)
+    stored = c.device("t1", "a")
+    assert stored is not None and stored.status.node_name == "n1"
+
+
+def test_indexes_follow_a_device_that_moves() -> None:
+    """devices_on and the namespace index reflect the current node only."""
+    c = cluster(devices=[device("a", phase="Bound", node_name="n1")])
+    moved = device("a", phase="Bound", node_name="n2")
+    c.upsert_device(moved)
+    assert [d.name for d in c.devices_on("n2")] == ["a"]
+    assert list(c.devices_on("n1")) == []
+    assert [d.name for d in c.devices_in("t1")] == ["a"]
+
+
+def test_open_requests_are_indexed_until_answered() -> None:
+    """A request id is open while some carrier has no result."""
+    c = cluster(devices=[device("a", status=request("r1", "vm", ["a"], EPOCH))])
+    assert c.open_request_ids() == ["r1"]
+    c.upsert_device(device("a", status=request("r1", "vm", ["a"], EPOCH, result="Failed")))
+    assert c.open_request_ids() == []
+
+
+def test_capacity_generation_moves_when_units_may_have_freed() -> None:
+    """Freed units (device deleted or unbound) and node or class changes bump it; binding does not."""
+    c = cluster(nodes=[node("n1", {A10: 2})], classes=[gpu_class("a10")])
+    g0 = c.capacity_generation
+    c.upsert_device(device("a", phase="Bound", node_name="n1"))
+    assert c.capacity_generation == g0
+    c.remove_device("t1", "a")
+    g1 = c.capacity_generation
+    assert g1 > g0
+    c.upsert_node(node("n1", {A10: 4}))
+    assert c.capacity_generation > g1
+
+
+def test_dirty_nodes_name_every_node_a_change_touches() -> None:
+    """A move marks the old and the new node for the accountant."""
+    c = cluster(devices=[device("a", phase="Bound", node_name="n1")])
+    c.dirty_nodes.clear()
+    c.upsert_device(device("a", phase="Bound", node_name="n2"))
+    assert c.dirty_nodes == {"n1", "n2"}
+
+
+def test_namespaces_always_carry_their_name_label() -> None:
+    """Selectors on kubernetes.io/metadata.name work even before the namespace's event arrives."""
+    assert Cluster().namespace_labels("t9") == {"kubernetes.io/metadata.name": "t9"}
