@@ -16,6 +16,7 @@ import pytest
 
 from cozygpu.devcluster import nodes
 from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
 
@@ -31,6 +32,15 @@ def control_plane() -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def kube(control_plane: ControlPlane) -> Kube:
     return control_plane.kube()
+
+
+@pytest.fixture(scope="module")
+def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The operator process, one per test module; a module's tests share it."""
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    process = OperatorProcess(control_plane.kubeconfig_path, log).start()
+    yield process
+    process.stop()
 
 
 @pytest.fixture

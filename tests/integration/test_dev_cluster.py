@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,3 +69,28 @@ def test_dev_cluster_serves_then_stops_cleanly(tmp_path: Path, stop_signal: sign
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_dev_cluster_killed_outright_takes_its_processes_along(tmp_path: Path) -> None:
+    """SIGKILL leaves no chance to clean up, yet etcd and kube-apiserver end with their parent."""
+    kubeconfig = tmp_path / "kubeconfig"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cozygpu.cli", "dev-cluster", "--kubeconfig", str(kubeconfig)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"data=(\S+)", line)
+    assert match, line
+    data = match.group(1)
+    assert _processes_mentioning(data)
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while _processes_mentioning(data) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_mentioning(data) == []
+    shutil.rmtree(data, ignore_errors=True)

@@ -36,6 +36,7 @@ def test_waiting_makes_pending_but_keeps_lost() -> None:
     assert (fresh.status.phase, fresh.status.message) == (Phase.PENDING, "no room")
     lost = transitions.waiting(model(device("b", phase="Lost", node_name="gone")), "no room", EPOCH)
     assert lost.status.phase is Phase.LOST
+    assert lost.status.message == "lost from node gone; no room"
 
 
 def test_lost_keeps_the_node_it_held_units_on() -> None:

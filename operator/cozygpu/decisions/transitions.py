@@ -57,6 +57,8 @@ def refused(device: GPUDevice, request_id: str, message: str) -> GPUDevice:
 def waiting(device: GPUDevice, message: str, now: dt.datetime) -> GPUDevice:
     """Pending (a new held device, or one still unplaced) with the reason it waits (§5.5)."""
     phase = device.status.phase if device.status.phase is Phase.LOST else Phase.PENDING
+    if phase is Phase.LOST:
+        message = f"lost from node {device.status.node_name}; {message}"
     return _with_status(
         device, phase=phase, message=message, conditions=_placed(device, False, "Unschedulable", message, now)
     )

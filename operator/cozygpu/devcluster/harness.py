@@ -1,0 +1,149 @@
+"""The operator in a child process, and the webhook's side of §4, for tests, demo and benchmarks.
+
+`OperatorProcess` runs `cozygpu run` against a dev control plane, so a caller can
+stop it, kill it and start it again (restarts, §4). `write_request` writes a bind
+request exactly as §4 says the VMI webhook does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import requests
+
+from cozygpu.api.meta import now
+from cozygpu.api.names import API_VERSION
+from cozygpu.devcluster.controlplane import free_port
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import Body, Conflict, Kube
+
+T = TypeVar("T")
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: Path, log_path: Path, *extra: str) -> None:
+        self.kubeconfig = kubeconfig
+        self.log_path = log_path
+        self.extra = extra
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> OperatorProcess:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        argv = [sys.executable, "-m", "cozygpu.cli", "--log-format", "json", "run",
+                "--kubeconfig", str(self.kubeconfig), "--health-host", "127.0.0.1",
+                "--health-port", str(self.port), *self.extra]  # fmt: skip
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"operator exited with {self.proc.returncode}:\n{self.tail()}")
+            if self.ready():
+                return self
+            time.sleep(0.1)
+        raise RuntimeError(f"operator not ready in {timeout}s:\n{self.tail()}")
+
+    def ready(self) -> bool:
+        try:
+            return requests.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and entry.get("event") == name:
+                out.append(entry)
+        return out
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
+    """Poll `probe` until it returns something truthy; the tests' own waiting, not the operator's."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def template_device(kube: Kube, namespace: str, name: str, class_name: str, count: int = 1) -> Body:
+    """A device as the VMI webhook creates it for a deviceTemplate entry."""
+    return kube.create(
+        kinds.GPU_DEVICE,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUDevice",
+            "metadata": {"name": name, "namespace": namespace, "labels": {"gpu.cozystack.io/template-device": "true"}},
+            "spec": {"className": class_name, "count": count},
+        },
+    )
+
+
+def write_request(kube: Kube, namespace: str, names: list[str], vmi: str) -> str:
+    """§4 as the webhook does it: attachedTo and a fresh bindRequest on each device, under its resourceVersion."""
+    request_id = str(uuid.uuid4())
+    at = now().isoformat().replace("+00:00", "Z")
+    for name in names:
+        for _ in range(10):
+            body = kube.get(kinds.GPU_DEVICE, name, namespace)
+            status = body.setdefault("status", {})
+            status.setdefault("attachedTo", {"vmi": vmi, "since": at})
+            status["bindRequest"] = {"id": request_id, "vmi": vmi, "devices": names, "requestedAt": at}
+            try:
+                kube.replace_status(kinds.GPU_DEVICE, body)
+                break
+            except Conflict:
+                continue
+        else:
+            raise AssertionError(f"could not write the request on {name}")
+    return request_id
+
+
+def answer_of(kube: Kube, namespace: str, names: list[str], request_id: str, timeout: float = 30.0) -> list[Body]:
+    """Wait until every device carries a result for the request; return the devices."""
+
+    def probe() -> list[Body] | None:
+        bodies = [kube.get(kinds.GPU_DEVICE, n, namespace) for n in names]
+        for b in bodies:
+            r = b.get("status", {}).get("bindRequest") or {}
+            if r.get("id") != request_id or not r.get("result"):
+                return None
+        return bodies
+
+    return wait_for(f"the answer to {request_id}", probe, timeout)

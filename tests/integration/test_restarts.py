@@ -1,0 +1,54 @@
+"""The bind protocol survives the operator's restarts (§4): answers are found in the API objects."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess, answer_of, template_device, wait_for, write_request
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import Kube
+from tests.conftest import GPUNodeFactory
+from tests.helpers import gpu_class_body
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_request_written_while_the_binder_is_down_is_answered_after_restart(
+    control_plane: ControlPlane, kube: Kube, namespace: str, gpu_node: GPUNodeFactory, tmp_path: Path
+) -> None:
+    """Kill the operator, write a request, start it again: the request is answered, once."""
+    tag = uuid.uuid4().hex[:6]
+    resource, cls = f"example.com/gpu-{tag}", f"cls-{tag}"
+    kube.create(kinds.GPU_CLASS, gpu_class_body(cls, resource))
+    node = gpu_node({resource: 2}, name=f"restart-{tag}")["metadata"]["name"]
+    operator = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log").start()
+    try:
+        operator.kill()
+        template_device(kube, namespace, "vm-gpu-0", cls, 2)
+        rid = write_request(kube, namespace, ["vm-gpu-0"], "vm")
+        operator.start()
+        [answered] = answer_of(kube, namespace, ["vm-gpu-0"], rid)
+        assert answered["status"]["bindRequest"]["result"] == "Succeeded"
+        assert answered["status"]["nodeName"] == node
+        assert len([e for e in operator.events("bind.answered") if e["request_id"] == rid]) == 1
+    finally:
+        operator.stop()
+        kube.delete(kinds.GPU_CLASS, cls)
+
+
+def test_readiness_waits_for_the_view_and_health_answers(control_plane: ControlPlane, tmp_path: Path) -> None:
+    """/readyz turns 200 only after the view synced (logged as operator.synced); /healthz answers."""
+    operator = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log").start()
+    try:
+        assert operator.events("operator.synced"), "ready before the view synced"
+        health = requests.get(f"http://127.0.0.1:{operator.port}/healthz", timeout=2)
+        assert (health.status_code, health.text) == (200, "ok")
+        assert wait_for("ready", operator.ready)
+    finally:
+        operator.stop()
+    assert operator.events("operator.stopped")
