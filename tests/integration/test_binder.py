@@ -271,3 +271,26 @@ def _list_count(kube: Kube) -> int:
             if resource in watched:
                 total += int(float(line.rsplit(" ", 1)[1]))
     return total
+
+
+def test_concurrent_orders_never_exceed_a_budget(
+    operator: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§5.4/§7.4: ten requests for new devices against a budget of five: exactly five are placed."""
+    gpu_node({gpu.resource: 20}, name=f"wide-{gpu.cls}")
+    kube.create(
+        kinds.GPU_BUDGET,
+        {"apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUBudget",
+         "metadata": {"name": "cap", "namespace": namespace}, "spec": {"limits": {gpu.cls: 5}}},
+    )  # fmt: skip
+    wait_for("budget seen", lambda: kube.get_or_none(kinds.GPU_BUDGET, "cap", namespace))
+    names = [f"vm{i}-gpu-0" for i in range(10)]
+    for name in names:
+        template_device(kube, namespace, name, gpu.cls)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=10) as pool:
+        ids = list(pool.map(lambda n: write_request(kube, namespace, [n], n.removesuffix("-gpu-0")), names))
+    answers = [answer_of(kube, namespace, [n], rid)[0] for n, rid in zip(names, ids, strict=True)]
+    results = sorted(result_of(a) for a in answers)
+    assert results == ["Failed"] * 5 + ["Succeeded"] * 5
+    refused = [a for a in answers if result_of(a) == "Failed"]
+    assert all(f"GPUBudget {namespace}/cap allows 5 units" in a["status"]["bindRequest"]["message"] for a in refused)
