@@ -72,7 +72,7 @@ def main() -> int:
         kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
 
         say("starting the operator (cozygpu run)")
-        operator = OperatorProcess(plane.kubeconfig_path, Path(tmp) / "operator.log").start()
+        operator = OperatorProcess(plane.kubeconfig_path, Path(tmp) / "operator.log", "--no-webhooks").start()
         try:
             print(f"ready: http://127.0.0.1:{operator.port}/readyz")
 

@@ -36,9 +36,9 @@ def kube(control_plane: ControlPlane) -> Kube:
 
 @pytest.fixture(scope="module")
 def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    """The operator process, one per test module; a module's tests share it."""
+    """The operator without webhooks, one per test module, so tests can write what the webhook writes."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = OperatorProcess(control_plane.kubeconfig_path, log).start()
+    process = OperatorProcess(control_plane.kubeconfig_path, log, "--no-webhooks").start()
     yield process
     process.stop()
 

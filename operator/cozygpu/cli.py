@@ -1,7 +1,7 @@
 """The `cozygpu` console script.
 
 Subcommands:
-  run          run the operator (binder, node accountant; webhooks to come)
+  run          run the operator: webhooks, binder, node accountant
   dev-cluster  run a local control plane (etcd, kube-apiserver, our CRDs and
                KubeVirt's) in the foreground and write an admin kubeconfig
   crds         write the CRDs generated from the models to crds/ (or --check them)
@@ -79,6 +79,9 @@ def _run(args: argparse.Namespace) -> int:
         "sweep_interval": args.sweep_interval,
         "health_host": args.health_host,
         "health_port": args.health_port,
+        "webhook_mode": "dev" if args.dev else ("off" if args.no_webhooks else None),
+        "webhook_port": args.webhook_port,
+        "webhook_cert_dir": args.webhook_cert_dir,
         "log_format": args.log_format,
         "log_level": args.log_level,
     }
@@ -106,6 +109,14 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--sweep-interval", type=float, help="safety-net sweep period, seconds (default 60)")
     run.add_argument("--health-host", help="address of /healthz and /readyz (default 0.0.0.0)")
     run.add_argument("--health-port", type=int, help="port of /healthz and /readyz (default 8080)")
+    run.add_argument(
+        "--dev",
+        action="store_true",
+        help="self-signed webhook certificate; register (and on exit remove) the webhook configurations",
+    )
+    run.add_argument("--no-webhooks", action="store_true", help="run without admission webhooks")
+    run.add_argument("--webhook-port", type=int, help="webhook port (default 9443; 0 or unset with --dev: any free)")
+    run.add_argument("--webhook-cert-dir", help="directory with tls.crt and tls.key (default /etc/cozygpu/tls)")
     run.set_defaults(func=_run)
 
     dev = sub.add_parser("dev-cluster", help="run a local control plane in the foreground")

@@ -27,6 +27,13 @@ class Settings(BaseModel):
     log_level: str = "INFO"
     health_host: str = "0.0.0.0"
     health_port: int = Field(default=8080, ge=0, le=65535)
+    webhook_mode: Literal["cluster", "dev", "off"] = Field(
+        default="cluster",
+        description="cluster: serve with the chart's certificate; dev: self-signed, register ourselves; off: none.",
+    )
+    webhook_host: str = Field(default="0.0.0.0", description="Address the webhook server listens on.")
+    webhook_port: int | None = Field(default=None, ge=1, le=65535, description="Unset: 9443, or any free port (dev).")
+    webhook_cert_dir: Path = Field(default=Path("/etc/cozygpu/tls"), description="tls.crt and tls.key (cluster).")
 
     @model_validator(mode="after")
     def _bind_inside_webhook(self) -> Self:

@@ -26,7 +26,7 @@ def test_a_request_written_while_the_binder_is_down_is_answered_after_restart(
     resource, cls = f"example.com/gpu-{tag}", f"cls-{tag}"
     kube.create(kinds.GPU_CLASS, gpu_class_body(cls, resource))
     node = gpu_node({resource: 2}, name=f"restart-{tag}")["metadata"]["name"]
-    operator = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log").start()
+    operator = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log", "--no-webhooks").start()
     try:
         operator.kill()
         template_device(kube, namespace, "vm-gpu-0", cls, 2)
@@ -43,7 +43,7 @@ def test_a_request_written_while_the_binder_is_down_is_answered_after_restart(
 
 def test_readiness_waits_for_the_view_and_health_answers(control_plane: ControlPlane, tmp_path: Path) -> None:
     """/readyz turns 200 only after the view synced (logged as operator.synced); /healthz answers."""
-    operator = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log").start()
+    operator = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log", "--no-webhooks").start()
     try:
         assert operator.events("operator.synced"), "ready before the view synced"
         health = requests.get(f"http://127.0.0.1:{operator.port}/healthz", timeout=2)

@@ -11,18 +11,35 @@ def order(count: int, class_name: str = "a10", namespace: str = "t1", what: str 
 
 
 def test_pending_bound_and_lost_count_against_a_budget() -> None:
-    """§7.2: every phase that counts, not just Bound; unseen devices do not count yet."""
+    """§7.2: every phase that counts, not just Bound; a new template device is an order, not yet counted."""
     c = cluster(
         classes=[gpu_class("a10")],
         devices=[
             device("p", count=1, phase="Pending"),
             device("b", count=2, phase="Bound", node_name="n1"),
             device("l", count=4, phase="Lost", node_name="n1"),
-            device("new", count=8),
+            device("vm-gpu-0", count=8, template=True),
         ],
         budgets=[budget("b", limits={"a10": 100})],
     )
     assert usage(c, c.budgets[("t1", "b")]) == {"a10": 7}
+
+
+def test_an_admitted_held_device_counts_before_the_binder_sees_it() -> None:
+    """A held device without a phase was admitted as an order already; it counts (§7.4)."""
+    c = cluster(classes=[gpu_class("a10")], devices=[device("new", count=3)], budgets=[budget("b", limits={"a10": 4})])
+    assert usage(c, c.budgets[("t1", "b")]) == {"a10": 3}
+    assert check_orders(c, [order(2)]) is not None
+
+
+def test_prior_orders_count_but_are_not_checked() -> None:
+    """Reservations (admitted, not yet in the view) use up room for later orders."""
+    c = cluster(classes=[gpu_class("a10")], budgets=[budget("b", limits={"a10": 3})])
+    prior = [order(3, what="GPUDevice earlier")]
+    assert check_orders(c, [], prior) is None
+    refusal = check_orders(c, [order(1)], prior)
+    assert refusal is not None
+    assert "3 are in use" in refusal
 
 
 def test_an_order_within_the_limit_passes_and_one_beyond_fails() -> None:

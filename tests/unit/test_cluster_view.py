@@ -61,3 +61,9 @@ def test_dirty_nodes_name_every_node_a_change_touches() -> None:
 def test_namespaces_always_carry_their_name_label() -> None:
     """Selectors on kubernetes.io/metadata.name work even before the namespace's event arrives."""
     assert Cluster().namespace_labels("t9") == {"kubernetes.io/metadata.name": "t9"}
+
+
+def test_arrival_order_tells_apart_devices_created_in_one_second() -> None:
+    """Creation timestamps have one-second precision; first sight orders devices within a second (§5.5)."""
+    c = cluster(devices=[device("zeta"), device("alpha")])
+    assert c.arrival("t1", "zeta") < c.arrival("t1", "alpha")

@@ -10,7 +10,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cozygpu.api import GPUBudget
+from cozygpu.api import GPUBudget, GPUDevice
+from cozygpu.api.names import LABEL_TEMPLATE_DEVICE, TRUE
 from cozygpu.decisions.selectors import selector_matches
 from cozygpu.state.cluster import Cluster
 
@@ -45,12 +46,20 @@ def covering_budgets(cluster: Cluster, namespace: str) -> list[GPUBudget]:
     return sorted(out, key=lambda b: (b.namespace or "", b.name))
 
 
+def counts(device: GPUDevice) -> bool:
+    """§7.2: Pending, Bound and Lost count; so does a held device admitted but not yet seen by the binder
+    (it turns Pending the moment the binder sees it). A new template device is an order, not yet counted."""
+    if device.counts_against_budgets:
+        return True
+    return device.status.phase is None and device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) != TRUE
+
+
 def usage(cluster: Cluster, budget: GPUBudget) -> dict[str, int]:
-    """§7.2: units of Pending, Bound and Lost devices in the covered namespaces, per class."""
+    """Units counting against the budget in the namespaces it covers, per class."""
     used: dict[str, int] = defaultdict(int)
     for ns in covered_namespaces(cluster, budget):
         for d in cluster.devices_in(ns):
-            if d.counts_against_budgets:
+            if counts(d):
                 used[d.spec.class_name] += d.spec.count
     return dict(used)
 
@@ -61,31 +70,39 @@ def entitled(cluster: Cluster, namespace: str, class_name: str) -> bool:
     return cls is not None and selector_matches(cls.spec.namespace_selector, cluster.namespace_labels(namespace))
 
 
-def check_orders(cluster: Cluster, orders: Sequence[Order]) -> str | None:
-    """§7.1: every order in turn, each counting the ones before it; the first refusal, or None."""
+def check_orders(cluster: Cluster, orders: Sequence[Order], prior: Sequence[Order] = ()) -> str | None:
+    """§7.1: every order in turn, each counting the ones before it; the first refusal, or None.
+
+    `prior` are orders admitted but not yet in the view (held devices just created): they
+    count, but are not checked again."""
     used: dict[tuple[str, str], dict[str, int]] = {}
+    for order in prior:
+        for budget in covering_budgets(cluster, order.namespace):
+            key = (budget.namespace or "", budget.name)
+            tally = used.setdefault(key, usage(cluster, budget))
+            tally[order.class_name] = tally.get(order.class_name, 0) + order.count
     for order in orders:
         if not entitled(cluster, order.namespace, order.class_name):
             return f"{order.what}: namespace {order.namespace} is not entitled to GPUClass {order.class_name}"
         budgets = covering_budgets(cluster, order.namespace)
         for budget in budgets:
             key = (budget.namespace or "", budget.name)
-            counts = used.setdefault(key, usage(cluster, budget))
+            tally = used.setdefault(key, usage(cluster, budget))
             limit = budget.spec.limits.get(order.class_name)
-            after = counts.get(order.class_name, 0) + order.count
+            after = tally.get(order.class_name, 0) + order.count
             if limit is not None and after > limit:
                 return (
                     f"{order.what}: GPUBudget {key[0]}/{key[1]} allows {limit} units of GPUClass "
-                    f"{order.class_name} and {counts.get(order.class_name, 0)} are in use; "
+                    f"{order.class_name} and {tally.get(order.class_name, 0)} are in use; "
                     f"{order.count} more would exceed it"
                 )
-            total = sum(counts.values())
+            total = sum(tally.values())
             if budget.spec.total is not None and total + order.count > budget.spec.total:
                 return (
                     f"{order.what}: GPUBudget {key[0]}/{key[1]} allows {budget.spec.total} units in total "
                     f"and {total} are in use; {order.count} more would exceed it"
                 )
         for budget in budgets:
-            counts = used[(budget.namespace or "", budget.name)]
-            counts[order.class_name] = counts.get(order.class_name, 0) + order.count
+            tally = used[(budget.namespace or "", budget.name)]
+            tally[order.class_name] = tally.get(order.class_name, 0) + order.count
     return None

@@ -7,10 +7,11 @@ what the binder should do with one request id: nothing yet, fail it, or place it
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cozygpu.api import BindRequest, GPUDevice
-from cozygpu.decisions.budgets import Order, check_orders
+from cozygpu.decisions.budgets import Order, check_orders, counts
 from cozygpu.decisions.placement import NoPlacement, Placement, place
 from cozygpu.state.cluster import Cluster
 
@@ -42,8 +43,16 @@ def _request_of(devices: list[GPUDevice]) -> BindRequest | None:
     return None
 
 
-def assess(cluster: Cluster, request_id: str, now: dt.datetime, incomplete_after: dt.timedelta) -> Assessment:
-    """None when there is nothing to answer (answered already, or gone)."""
+def assess(
+    cluster: Cluster,
+    request_id: str,
+    now: dt.datetime,
+    incomplete_after: dt.timedelta,
+    prior: Sequence[Order] = (),
+) -> Assessment:
+    """None when there is nothing to answer (answered already, or gone).
+
+    `prior` are orders admitted elsewhere that the view has not seen yet (§7.4)."""
     carriers = cluster.devices_of_request(request_id)
     if not carriers or all(d.status.bind_request and d.status.bind_request.result for d in carriers):
         return None
@@ -80,11 +89,9 @@ def assess(cluster: Cluster, request_id: str, now: dt.datetime, incomplete_after
 
     # §5.4: new devices are orders; check them again now, serialised with every other decision.
     orders = [
-        Order(namespace, d.spec.class_name, d.spec.count, f"GPUDevice {d.name}")
-        for d in devices
-        if not d.counts_against_budgets
+        Order(namespace, d.spec.class_name, d.spec.count, f"GPUDevice {d.name}") for d in devices if not counts(d)
     ]
-    refusal = check_orders(cluster, orders)
+    refusal = check_orders(cluster, orders, prior)
     if refusal is not None:
         return Answer(request, namespace, devices, NoPlacement(refusal))
     return Answer(request, namespace, devices, place(cluster, devices))

@@ -16,6 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 import pykube
 import requests
 
+from cozygpu.kube import kinds as known
 from cozygpu.kube.kinds import Kind
 
 Body = dict[str, Any]
@@ -199,6 +200,21 @@ class Kube:
             return False
         return True
 
+    def whoami(self) -> str:
+        """The username the API server sees for this client (SelfSubjectReview)."""
+        review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        answer = self._call("POST", known.kind("SelfSubjectReview"), body=review)
+        return str(answer["status"]["userInfo"]["username"])
+
+    def put_object(self, kind_: Kind, body: Body) -> Body:
+        """Create, or replace what is there (for objects the operator alone owns)."""
+        name = body["metadata"]["name"]
+        current = self.get_or_none(kind_, name, body["metadata"].get("namespace"))
+        if current is None:
+            return self.create(kind_, body)
+        updated = {**body, "metadata": {**body["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+        return self.replace(kind_, updated)
+
     def raw_get(self, path: str) -> requests.Response:
         """GET a non-resource path such as /readyz; the caller reads the response."""
         response: requests.Response = self._api.session.get(self._api.url + path, timeout=self._api.timeout)
@@ -243,3 +259,12 @@ class AsyncKube:
 
     async def delete(self, kind: Kind, name: str, namespace: str | None = None, *, uid: str | None = None) -> bool:
         return await self._run(self.sync.delete, kind, name, namespace, uid=uid)
+
+    async def list(self, kind: Kind, namespace: str | None = None) -> list[Body]:
+        return await self._run(self.sync.list, kind, namespace)
+
+    async def whoami(self) -> str:
+        return await self._run(self.sync.whoami)
+
+    async def put_object(self, kind: Kind, body: Body) -> Body:
+        return await self._run(self.sync.put_object, kind, body)

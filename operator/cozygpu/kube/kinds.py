@@ -43,6 +43,7 @@ _ALL = {
         "validatingwebhookconfigurations",
         False,
     ),
+    "SelfSubjectReview": Kind("authentication.k8s.io/v1", "SelfSubjectReview", "selfsubjectreviews", False),
     "ClusterRole": Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
     "ClusterRoleBinding": Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
 }
@@ -64,3 +65,5 @@ NAMESPACE = kind("Namespace")
 VMI = kind("VirtualMachineInstance")
 KUBEVIRT = kind("KubeVirt")
 CRD = kind("CustomResourceDefinition")
+MUTATING_WEBHOOKS = kind("MutatingWebhookConfiguration")
+VALIDATING_WEBHOOKS = kind("ValidatingWebhookConfiguration")

@@ -1,31 +1,46 @@
-"""The operator process: one cluster view, the binder and the node accountant.
+"""The operator process: one cluster view, the binder, the node accountant, the webhooks.
 
 `Operator` is what the kopf handlers (runtime.handlers) call: events go into the
 cluster view and wake the executors; `startup` seeds the view with one list per
-kind and only then reports ready. `handlers.run` starts kopf with it.
+kind, learns its own identity, registers webhooks in dev mode, and only then
+reports ready.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
+import socket
 from typing import Any
 
 import kopf
 import structlog
 
 from cozygpu.kube import credentials, kinds
-from cozygpu.kube.adapter import AsyncKube, Kube
+from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
+from cozygpu.runtime import webhooks
 from cozygpu.runtime.accountant import Accountant
 from cozygpu.runtime.binder import Binder
 from cozygpu.runtime.health import HealthServer
+from cozygpu.runtime.reservations import Reservations
+from cozygpu.runtime.validation import Denied, Validation
+from cozygpu.runtime.vmi_webhook import InternalError, Refusal, VMIAdmission
+from cozygpu.runtime.waiters import Waiters
 from cozygpu.settings import Settings
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.operator")
 
 # Every kind the view holds, listed once at start-up and watched after.
-WATCHED = ("GPUClass", "GPUDevice", "GPUBudget", "GPUNode", "Node", "Namespace")
+WATCHED = ("GPUClass", "GPUDevice", "GPUBudget", "GPUNode", "Node", "Namespace", "KubeVirt")
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
 
 
 class Operator:
@@ -34,15 +49,29 @@ class Operator:
         sync = Kube.from_kubeconfig(settings.kubeconfig) if settings.kubeconfig else Kube.in_cluster()
         self.kube = AsyncKube(sync)
         self.cluster = Cluster()
+        self.waiters = Waiters()
+        self.reservations = Reservations(ttl=settings.webhook_timeout + 10)
         self.accountant = Accountant(self.cluster, self.kube)
         self.binder = Binder(
             self.cluster,
             self.kube,
             incomplete_after=settings.bind_timeout,
-            on_write=self.accountant.poke,
+            on_write=self._written,
+            reserved=self.reservations.orders,
         )
+        self.vmis = VMIAdmission(
+            self.cluster,
+            self.kube,
+            self.waiters,
+            self.reservations,
+            bind_timeout=settings.bind_timeout,
+            seen=self._seen,
+        )
+        self.validation = Validation(self.cluster, self.reservations)
         self.health = HealthServer(settings.health_host, settings.health_port, self.readiness)
+        self.serving: webhooks.Serving | None = None
         self.synced = False
+        self.webhooks_ready = settings.webhook_mode == "off"
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- readiness ---------------------------------------------------------
@@ -50,6 +79,8 @@ class Operator:
     def readiness(self) -> tuple[bool, str]:
         if not self.synced:
             return False, "the cluster view has not synced yet"
+        if not self.webhooks_ready:
+            return False, "the admission webhooks are not serving yet"
         for task in self._tasks:
             if task.done():
                 return False, f"{task.get_name()} stopped"
@@ -65,7 +96,11 @@ class Operator:
         c = self.cluster
         match kind:
             case "GPUDevice":
-                c.remove_device(namespace, name) if deleted else c.upsert_device(body)
+                if deleted:
+                    c.remove_device(namespace, name)
+                else:
+                    c.upsert_device(body)
+                    self.reservations.seen(namespace, name)
             case "GPUClass":
                 c.remove_class(name) if deleted else c.upsert_class(body)
             case "GPUBudget":
@@ -80,35 +115,133 @@ class Operator:
                     c.upsert_node(body)
             case "Namespace":
                 c.remove_namespace(name) if deleted else c.upsert_namespace(body)
+            case "KubeVirt":
+                c.remove_kubevirt(namespace, name) if deleted else c.upsert_kubevirt(body)
         if self.synced:
             self.binder.poke()
             self.accountant.poke()
+            self.waiters.notify()
+
+    def _written(self) -> None:
+        self.accountant.poke()
+        self.waiters.notify()
+
+    def _seen(self, body: dict[str, Any]) -> None:
+        """A device the webhook wrote: into the view at once, and the binder woken."""
+        self.cluster.upsert_device(body)
+        self.binder.poke()
+        self.waiters.notify()
+
+    # -- admission -------------------------------------------------------------
+
+    async def mutate_vmi(self, body: dict[str, Any], patch: kopf.Patch, dry_run: bool) -> None:
+        try:
+            admitted = await self.vmis.admit(body, dry_run)
+        except Refusal as e:
+            raise kopf.AdmissionError(str(e), code=403) from None
+        except InternalError as e:
+            raise kopf.AdmissionError(f"the GPU operator could not check the VMI: {e}", code=500) from None
+        if admitted is not body:
+            patch.fns.append(lambda target: _replace(target, admitted))
+
+    async def validate_device(
+        self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None, user: str, dry_run: bool
+    ) -> None:
+        try:
+            await self.validation.device(operation, new, old, user, dry_run)
+        except Denied as e:
+            raise kopf.AdmissionError(str(e), code=403) from None
+
+    def validate_class(self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        try:
+            self.validation.gpu_class(operation, new, old)
+        except Denied as e:
+            raise kopf.AdmissionError(str(e), code=403) from None
+
+    def validate_budget(self, new: dict[str, Any] | None, warnings: list[str]) -> None:
+        try:
+            self.validation.budget(new, warnings)
+        except Denied as e:
+            raise kopf.AdmissionError(str(e), code=403) from None
 
     # -- lifecycle -------------------------------------------------------------
+
+    def configure(self, settings: kopf.OperatorSettings) -> None:
+        # We watch objects we do not own: no events posted about them, no progress stored.
+        settings.posting.enabled = False
+        settings.scanning.disabled = True
+        settings.watching.server_timeout = 300
+        settings.watching.reconnect_backoff = 0.5
+        settings.queueing.batch_window = 0.01
+        logging.getLogger("kopf").setLevel(logging.WARNING)
+        mode = self.settings.webhook_mode
+        if mode == "dev":
+            host = "127.0.0.1"
+            port = self.settings.webhook_port or _free_port(host)
+            self.serving = webhooks.dev_serving(host, port)
+            settings.admission.server = self.serving.server
+        elif mode == "cluster":
+            settings.admission.server = webhooks.cluster_serving(
+                self.settings.webhook_host, self.settings.webhook_port or 9443, self.settings.webhook_cert_dir
+            )
 
     async def startup(self) -> None:
         await self.health.start()
         for kind in WATCHED:
-            items = await asyncio.to_thread(self.kube.sync.list, kinds.kind(kind))
-            for item in items:
+            for item in await self.kube.list(kinds.kind(kind)):
                 self.on_event(kind, {"type": None, "object": item})
+        self.validation.operator_user = await self.kube.whoami()
         self.synced = True
         self._tasks = [
             asyncio.create_task(self.binder.run(), name="binder"),
             asyncio.create_task(self.accountant.run(), name="accountant"),
         ]
+        if self.settings.webhook_mode != "off":
+            self._tasks.append(asyncio.create_task(self._serve_webhooks(), name="webhooks"))
         log.info(
             "operator.synced",
             devices=len(self.cluster.devices),
             nodes=len(self.cluster.nodes),
             classes=len(self.cluster.classes),
+            identity=self.validation.operator_user,
             health_port=self.health.port,
         )
+
+    async def _serve_webhooks(self) -> None:
+        """Wait until kopf's server accepts connections, register (dev), then report ready."""
+        host, port = (
+            ("127.0.0.1", self.serving.server.port)
+            if self.serving is not None
+            else ("127.0.0.1", self.settings.webhook_port or 9443)
+        )
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(host, port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        if self.serving is not None:
+            for config in webhooks.configurations(
+                self.serving.url, self.serving.ca_bundle, self.settings.webhook_timeout
+            ):
+                kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
+                await self.kube.put_object(kind, config)
+            log.info("webhooks.registered", url=self.serving.url)
+        self.webhooks_ready = True
+        await asyncio.Event().wait()  # keeps readiness honest: a stopped task turns it off
 
     async def cleanup(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.serving is not None:
+            for kind in (kinds.MUTATING_WEBHOOKS, kinds.VALIDATING_WEBHOOKS):
+                try:
+                    await self.kube.delete(kind, webhooks.CONFIGURATION_NAME)
+                except ApiError as e:
+                    log.warning("webhooks.unregister_failed", error=e.message)
+            log.info("webhooks.unregistered")
         await self.health.stop()
         log.info("operator.stopped")
 
@@ -130,11 +263,6 @@ class Operator:
         )
 
 
-def configure_kopf(settings: kopf.OperatorSettings) -> None:
-    # We watch objects we do not own: no events posted about them, no progress stored.
-    settings.posting.enabled = False
-    settings.scanning.disabled = True
-    settings.watching.server_timeout = 300
-    settings.watching.reconnect_backoff = 0.5
-    settings.queueing.batch_window = 0.01
-    logging.getLogger("kopf").setLevel(logging.WARNING)
+def _replace(target: Any, admitted: dict[str, Any]) -> None:
+    target.clear()
+    target.update(copy.deepcopy(admitted))

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -20,6 +20,7 @@ from cozygpu.api import GPUDevice, Phase
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import LABEL_TEMPLATE_DEVICE, TRUE
 from cozygpu.decisions import transitions
+from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.placement import NoPlacement, Placement, place
 from cozygpu.decisions.requests import Answer, Wait, assess
 from cozygpu.kube import kinds
@@ -42,12 +43,14 @@ class Binder:
         incomplete_after: float,
         on_write: Callable[[], None] = lambda: None,
         clock: Callable[[], dt.datetime] = utcnow,
+        reserved: Callable[[], Sequence[Order]] = tuple,
     ) -> None:
         self._cluster = cluster
         self._kube = kube
         self._incomplete_after = dt.timedelta(seconds=incomplete_after)
         self._on_write = on_write
         self._clock = clock
+        self._reserved = reserved
         self._wake = asyncio.Event()
         # Capacity generation at a device's last failed placement: retry only when it moves.
         self._tried_at: dict[DeviceKey, int] = {}
@@ -88,7 +91,7 @@ class Binder:
         ids = self._cluster.open_request_ids()
         ids.sort(key=self._requested_at)
         for request_id in ids:
-            assessment = assess(self._cluster, request_id, self._clock(), self._incomplete_after)
+            assessment = assess(self._cluster, request_id, self._clock(), self._incomplete_after, self._reserved())
             if isinstance(assessment, Wait):
                 waiting = True
             elif isinstance(assessment, Answer):
@@ -152,30 +155,43 @@ class Binder:
         return not (device.status.phase is Phase.LOST and device.status.attached_to is not None)
 
     async def _place_waiting(self) -> None:
-        """First come first served by creation time, whenever capacity may have changed."""
+        """First come first served by creation time, whenever capacity may have changed.
+
+        Writes yield to the event loop and capacity can change meanwhile; the pass then
+        starts again from the oldest device, so a newer one never takes room first."""
+        while await self._place_pass():
+            pass
+
+    async def _place_pass(self) -> bool:
+        """One pass in arrival order; True when capacity changed under it and it should run again."""
+        now = self._clock()
         waiting = [d for d in self._cluster.unbound_devices() if self._placeable(d)]
-        waiting.sort(key=lambda d: (d.metadata.creation_timestamp or self._clock(), d.namespace or "", d.name))
+        waiting.sort(
+            key=lambda d: (
+                d.metadata.creation_timestamp or now,
+                self._cluster.arrival(d.namespace or "", d.name),
+                d.namespace or "",
+                d.name,
+            )
+        )
         live = {_key(d) for d in waiting}
         self._tried_at = {k: g for k, g in self._tried_at.items() if k in live}
+        generation = self._cluster.capacity_generation
         for device in waiting:
+            if self._cluster.capacity_generation != generation:
+                return True
             key = _key(device)
-            generation = self._cluster.capacity_generation
             if device.status.phase is not None and self._tried_at.get(key) == generation:
                 continue
             current = self._cluster.device(*key)
-            if current is None:
+            if current is None or not self._placeable(current):
                 continue
             outcome = place(self._cluster, [current])
             if isinstance(outcome, Placement):
                 if await self._write(transitions.bound(current, outcome.node, self._clock())):
                     self._tried_at.pop(key, None)
-                    log.info(
-                        "device.bound",
-                        namespace=key[0],
-                        device=key[1],
-                        node=outcome.node,
-                        phase_was=str(current.status.phase),
-                    )
+                    log.info("device.bound", namespace=key[0], device=key[1], node=outcome.node,
+                             phase_was=str(current.status.phase))  # fmt: skip
                 continue
             new = transitions.waiting(current, outcome.message, self._clock())
             if new != current and not await self._write(new):
@@ -183,6 +199,7 @@ class Binder:
             self._tried_at[key] = generation
             if current.status.phase is None or current.status.message != outcome.message:
                 log.info("device.waiting", namespace=key[0], device=key[1], message=outcome.message)
+        return False
 
     # -- writes ----------------------------------------------------------------
 

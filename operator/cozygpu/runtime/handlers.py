@@ -1,7 +1,8 @@
 """The kopf registration: each handler unpacks its arguments and makes one call.
 
 Every kind is observed with `@kopf.on.event` only, so kopf writes no progress
-annotations or finalizers on anything, ours or not.
+annotations or finalizers on anything, ours or not. Admission handlers are served
+at /<id> by the webhook server the Operator configures.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from typing import Any
 
 import kopf
 
-from cozygpu.api.names import GROUP, VERSION
-from cozygpu.runtime.app import Operator, configure_kopf
+from cozygpu.api.names import GROUP, KUBEVIRT_GROUP, KUBEVIRT_VERSION, VERSION
+from cozygpu.runtime import webhooks
+from cozygpu.runtime.app import Operator
 from cozygpu.settings import Settings
 
 # kind -> (group, version, plural) as kopf selects resources.
@@ -23,6 +25,7 @@ RESOURCES = {
     "GPUNode": (GROUP, VERSION, "gpunodes"),
     "Node": ("", "v1", "nodes"),
     "Namespace": ("", "v1", "namespaces"),
+    "KubeVirt": (KUBEVIRT_GROUP, KUBEVIRT_VERSION, "kubevirts"),
 }
 
 
@@ -37,7 +40,7 @@ async def run(settings: Settings, stop_flag: asyncio.Event | None = None) -> Non
 def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        configure_kopf(settings)
+        operator.configure(settings)
         await operator.startup()
 
     @kopf.on.cleanup(registry=registry)
@@ -50,6 +53,31 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
 
     for kind, (group, version, plural) in RESOURCES.items():
         _observe(registry, operator, kind, (group, version, plural))
+
+    if operator.settings.webhook_mode == "off":
+        return
+
+    @kopf.on.mutate(KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachineinstances", id=webhooks.VMI_HOOK,
+                    registry=registry, operations=["CREATE"], side_effects=True)  # fmt: skip
+    async def vmi(body: kopf.Body, patch: kopf.Patch, dryrun: bool, **_: Any) -> None:
+        await operator.mutate_vmi(_raw(body), patch, dryrun)
+
+    @kopf.on.validate(GROUP, VERSION, "gpudevices", id=webhooks.DEVICE_HOOK, registry=registry)
+    async def gpudevice(userinfo: kopf.UserInfo, dryrun: bool, **kw: Any) -> None:
+        user = str(userinfo.get("username", ""))
+        await operator.validate_device(kw["operation"], _raw(kw["new"]), _raw(kw["old"]), user, dryrun)
+
+    @kopf.on.validate(GROUP, VERSION, "gpuclasses", id=webhooks.CLASS_HOOK, registry=registry)
+    async def gpuclass(**kw: Any) -> None:
+        operator.validate_class(kw["operation"], _raw(kw["new"]), _raw(kw["old"]))
+
+    @kopf.on.validate(GROUP, VERSION, "gpubudgets", id=webhooks.BUDGET_HOOK, registry=registry)
+    async def gpubudget(warnings: list[str], **kw: Any) -> None:
+        operator.validate_budget(_raw(kw["new"]), warnings)
+
+
+def _raw(body: kopf.Body | None) -> Any:
+    return None if body is None else {k: v for k, v in body.items()}
 
 
 def _observe(registry: kopf.OperatorRegistry, operator: Operator, kind: str, resource: tuple[str, str, str]) -> None:

@@ -44,7 +44,13 @@ class Cluster:
         self._by_request: dict[str, set[DeviceKey]] = defaultdict(set)
         self._open_requests: dict[str, set[DeviceKey]] = defaultdict(set)
         self._unbound: set[DeviceKey] = set()
+        # Order of first sight: creation timestamps have one-second precision, so devices
+        # created within a second are told apart by when the watch delivered them.
+        self._arrival: dict[DeviceKey, int] = {}
+        self._arrivals = 0
         self.gpunodes: dict[str, GPUNode] = {}
+        # KubeVirt CRs by (namespace, name): the resource names each permits (§1.5).
+        self.kubevirts: dict[DeviceKey, set[str]] = {}
         # Bumped whenever capacity may have grown: waiting devices are retried then.
         self.capacity_generation = 0
         # Nodes whose GPUNode status may have changed; the node accountant drains it.
@@ -63,6 +69,9 @@ class Cluster:
             self._unindex(key, old)
             if old.holds_gpus and not (device.holds_gpus and device.status.node_name == old.status.node_name):
                 self.capacity_generation += 1
+        if key not in self._arrival:
+            self._arrivals += 1
+            self._arrival[key] = self._arrivals
         self.devices[key] = device
         self._index(key, device)
         self._touch(old, device)
@@ -71,6 +80,7 @@ class Cluster:
     def remove_device(self, namespace: str, name: str) -> None:
         key = (namespace, name)
         old = self.devices.pop(key, None)
+        self._arrival.pop(key, None)
         if old is not None:
             self._unindex(key, old)
             self._touch(old, None)
@@ -109,6 +119,9 @@ class Cluster:
 
     def device(self, namespace: str, name: str) -> GPUDevice | None:
         return self.devices.get((namespace, name))
+
+    def arrival(self, namespace: str, name: str) -> int:
+        return self._arrival.get((namespace, name), 0)
 
     def devices_on(self, node: str) -> Iterator[GPUDevice]:
         """Devices whose status names the node (Bound there or Lost from there)."""
@@ -181,6 +194,20 @@ class Cluster:
         self.nodes.pop(name, None)
         self.capacity_generation += 1
         self.dirty_nodes.add(name)
+
+    def upsert_kubevirt(self, body: dict[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        permitted = (body.get("spec", {}).get("configuration") or {}).get("permittedHostDevices") or {}
+        names = {
+            d["resourceName"]
+            for key in ("pciHostDevices", "mediatedDevices")
+            for d in permitted.get(key) or []
+            if isinstance(d, dict) and d.get("resourceName")
+        }
+        self.kubevirts[(meta.get("namespace", ""), meta.get("name", ""))] = names
+
+    def remove_kubevirt(self, namespace: str, name: str) -> None:
+        self.kubevirts.pop((namespace, name), None)
 
     def upsert_namespace(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})

@@ -1,0 +1,320 @@
+"""The VMI admission rules of §3 as pure functions over fresh devices and the view.
+
+The webhook executor (runtime.vmi_webhook) reads the referenced devices fresh from
+the API and passes them in; everything else (classes, nodes, GPUNodes, budgets, the
+KubeVirt permitted table) comes from the cluster view. Every refusal is a message a
+tenant can act on, naming the object at fault.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cozygpu.api import BindResult, ConditionStatus, GPUClass, GPUDevice, GPUMode, Phase
+from cozygpu.api.gpudevice import GPUDeviceSpec
+from cozygpu.api.meta import ObjectMeta
+from cozygpu.api.names import (
+    API_VERSION,
+    CONDITION_LOST_CAPACITY,
+    LABEL_MODE,
+    LABEL_TEMPLATE_DEVICE,
+    TRUE,
+    gpu_entry_name,
+    template_device_name,
+)
+from cozygpu.decisions.budgets import Order
+from cozygpu.decisions.capacity import conflicts, held, matching_classes
+from cozygpu.decisions.references import HeldRef, TemplateRef
+from cozygpu.decisions.selectors import node_selector_matches
+from cozygpu.state.cluster import Cluster
+
+# §3: a Succeeded request younger than the API server's request timeout is this
+# create's own (a reinvocation); an older one belongs to an earlier VMI of the name.
+REQUEST_REUSE = dt.timedelta(minutes=1)
+
+
+@dataclass(frozen=True)
+class Member:
+    """One device of the VMI's set, with its class and its entry index."""
+
+    device: GPUDevice
+    cls: GPUClass
+    index: int
+    template: bool = False
+    create: bool = False  # a template device that does not exist yet
+
+
+def ident(device: GPUDevice) -> str:
+    if device.status.phase in (Phase.BOUND, Phase.LOST) and device.status.node_name:
+        return f"GPUDevice {device.name} (node {device.status.node_name})"
+    return f"GPUDevice {device.name}"
+
+
+def _phase_words(device: GPUDevice) -> str:
+    match device.status.phase:
+        case None:
+            return "not admitted yet and holds no GPUs"
+        case Phase.PENDING:
+            return "Pending and holds no GPUs yet"
+        case Phase.LOST:
+            return "Lost and holds no GPUs"
+        case _:
+            return str(device.status.phase)
+
+
+def _node_problem(cluster: Cluster, device: GPUDevice, cls: GPUClass) -> str | None:
+    """§3.3: gone, no longer serving the class, or lost capacity the device does not fit under."""
+    node_name = device.status.node_name or ""
+    node = cluster.nodes.get(node_name)
+    if node is None:
+        return f"GPUDevice {device.name}: node {node_name} is gone"
+    if not node_selector_matches(cls.spec.node_selector, node.labels) or cls.name in conflicts(
+        matching_classes(cluster, node)
+    ):
+        return f"GPUDevice {device.name}: node {node_name} no longer serves GPUClass {cls.name}"
+    gpunode = cluster.gpunodes.get(node_name)
+    lost = gpunode is not None and any(
+        c.type == CONDITION_LOST_CAPACITY and c.status is ConditionStatus.TRUE for c in gpunode.status.conditions
+    )
+    if not lost:
+        return None
+    resource = cls.spec.resource_name
+    if not node.ready or held(cluster, node_name).get(resource, 0) > node.units(resource):
+        return f"GPUDevice {device.name}: node {node_name} has lost capacity"
+    return None
+
+
+def check_held(cluster: Cluster, vmi: str, index: int, ref: HeldRef, device: GPUDevice | None) -> Member | str:
+    """§3.3 for one held reference."""
+    if device is None:
+        return f"GPUDevice {ref.name} does not exist"
+    attached = device.status.attached_to
+    if device.deleting:
+        return f"{ident(device)} is being deleted"
+    if attached is not None and attached.vmi != vmi:
+        return f"{ident(device)} is attached to VMI {attached.vmi}"
+    if not device.holds_gpus:
+        return f"{ident(device)} is {_phase_words(device)}"
+    cls = cluster.classes.get(device.spec.class_name)
+    if cls is None:
+        return f"{ident(device)}: GPUClass {device.spec.class_name} does not exist"
+    problem = _node_problem(cluster, device, cls)
+    return problem if problem is not None else Member(device, cls, index)
+
+
+def _vmi_owner(device: GPUDevice) -> str | None:
+    return next((o.name for o in device.metadata.owner_references if o.kind == "VirtualMachineInstance"), None)
+
+
+def check_template(
+    cluster: Cluster, namespace: str, vmi: str, index: int, *, ref: TemplateRef, device: GPUDevice | None
+) -> Member | str:
+    """§3.4 for one template reference; an existing matching device of this VMI is reused."""
+    name = template_device_name(vmi, index)
+    create = device is None
+    if device is None:
+        device = GPUDevice(
+            api_version=API_VERSION,
+            kind="GPUDevice",
+            metadata=ObjectMeta(name=name, namespace=namespace, labels={LABEL_TEMPLATE_DEVICE: TRUE}),
+            spec=GPUDeviceSpec(class_name=ref.class_name, count=ref.count),
+        )
+    elif device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) != TRUE:
+        return f"GPUDevice {name} exists and was not made from a deviceTemplate"
+    elif device.deleting:
+        return f"GPUDevice {name} of an earlier VMI {vmi} is still being deleted"
+    elif _vmi_owner(device) is not None:
+        return f"GPUDevice {name} is still owned by an earlier VMI {vmi}"
+    elif device.spec.class_name != ref.class_name or device.spec.count != ref.count:
+        return (
+            f"GPUDevice {name} (GPUClass {device.spec.class_name}, count {device.spec.count}) does not match "
+            f"deviceTemplate {index} (GPUClass {ref.class_name}, count {ref.count})"
+        )
+    elif device.status.attached_to is not None and device.status.attached_to.vmi != vmi:
+        return f"GPUDevice {name} is attached to VMI {device.status.attached_to.vmi}"
+    cls = cluster.classes.get(ref.class_name)
+    if cls is None:
+        return f"deviceTemplate {index}: GPUClass {ref.class_name} does not exist"
+    if cls.deleting and not device.holds_gpus:
+        return f"deviceTemplate {index}: GPUClass {ref.class_name} is being deleted and takes no new orders"
+    return Member(device, cls, index, template=True, create=create)
+
+
+def duplicates(members: Sequence[Member]) -> str | None:
+    """§3.5: one device named twice (a held reference can name a template's predictable name)."""
+    seen: set[str] = set()
+    for m in members:
+        if m.device.name in seen:
+            return f"GPUDevice {m.device.name} is referenced twice"
+        seen.add(m.device.name)
+    return None
+
+
+def permitted_resources(cluster: Cluster) -> set[str] | None:
+    """The KubeVirt permitted table; None when no KubeVirt CR exists (the check is skipped)."""
+    if not cluster.kubevirts:
+        return None
+    out: set[str] = set()
+    for names in cluster.kubevirts.values():
+        out |= names
+    return out
+
+
+def set_problem(labels: dict[str, str], members: Sequence[Member], permitted: set[str] | None) -> str | None:
+    """§3.6: the set as a whole: pool mode, one vGPU class, maxCount per VM, permitted table."""
+    mode = labels.get(LABEL_MODE)
+    if mode is not None:
+        for m in members:
+            if m.cls.spec.mode.value != mode:
+                return (
+                    f"GPUDevice {m.device.name}: GPUClass {m.cls.name} has mode {m.cls.spec.mode.value}, "
+                    f"and the VMI's pool takes mode {mode}"
+                )
+    vgpu: dict[str, list[str]] = defaultdict(list)
+    units: dict[str, int] = defaultdict(int)
+    for m in members:
+        if m.cls.spec.mode is GPUMode.VGPU:
+            vgpu[m.cls.name].append(m.device.name)
+        units[m.cls.name] += m.device.spec.count
+    if len(vgpu) > 1:
+        parts = sorted(f"{', '.join(devices)} ({c})" for c, devices in vgpu.items())
+        return "a VMI takes vGPU devices of one class only: " + "; ".join(parts)
+    for m in members:
+        limit = m.cls.effective_max_count()
+        if limit is not None and units[m.cls.name] > limit:
+            return f"{units[m.cls.name]} GPUs of GPUClass {m.cls.name} exceed its maxCount of {limit} per VM"
+        if permitted is not None and m.cls.spec.resource_name not in permitted:
+            return (
+                f"GPUClass {m.cls.name}: resource {m.cls.spec.resource_name} is not in KubeVirt's "
+                "permittedHostDevices, so the VM could not start"
+            )
+    return None
+
+
+def templates_fit(cluster: Cluster, members: Sequence[Member]) -> str | None:
+    """§3.7: a new template device larger than any node's allocatable could never be placed."""
+    for m in members:
+        if not m.template or m.device.holds_gpus:
+            continue
+        resource = m.cls.spec.resource_name
+        most = max((n.units(resource) for n in cluster.nodes.values()), default=0)
+        if m.device.spec.count > most:
+            return (
+                f"deviceTemplate {m.index}: no node has {m.device.spec.count} units of {resource}; "
+                f"the most one has is {most}"
+            )
+    return None
+
+
+def gpu_resource_names(cluster: Cluster, permitted: set[str] | None) -> set[str]:
+    """§3.8: every class's resourceName and every entry of the permitted table."""
+    return {c.spec.resource_name for c in cluster.classes.values()} | (permitted or set())
+
+
+def desired_gpus(members: Sequence[Member]) -> list[dict[str, str]]:
+    """One `gpus` entry per unit, named after the entry index so a reinvocation finds its own."""
+    return [
+        {"name": gpu_entry_name(m.index, j), "deviceName": m.cls.spec.resource_name}
+        for m in members
+        for j in range(m.device.spec.count)
+    ]
+
+
+def _dig(body: dict[str, Any], *path: str) -> Any:
+    node: Any = body
+    for key in path:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def own_gpu_entries(vmi: dict[str, Any], desired: Sequence[dict[str, str]], gpu_names: set[str]) -> list[str]:
+    """§3.8: GPU entries the VMI carries that this webhook would not add."""
+    ours = {e["name"]: e["deviceName"] for e in desired}
+    out = []
+    for entry in _dig(vmi, "spec", "domain", "devices", "gpus") or []:
+        name = entry.get("name", "") if isinstance(entry, dict) else ""
+        if not (name in ours and entry.get("deviceName") == ours[name]):
+            out.append(f"gpus {name}")
+    for entry in _dig(vmi, "spec", "domain", "devices", "hostDevices") or []:
+        if isinstance(entry, dict) and entry.get("deviceName") in gpu_names:
+            out.append(f"hostDevices {entry.get('name', '')}")
+    for kind in ("requests", "limits"):
+        resources = _dig(vmi, "spec", "domain", "resources", kind) or {}
+        out += [f"resources.{kind} {k}" for k in sorted(resources) if k in gpu_names]
+    return out
+
+
+def orders(namespace: str, members: Sequence[Member]) -> list[Order]:
+    """§3.9: template devices that do not count against budgets yet, in entry order."""
+    return [
+        Order(namespace, m.cls.name, m.device.spec.count, f"deviceTemplate {m.index}")
+        for m in members
+        if m.template and not m.device.counts_against_budgets
+    ]
+
+
+def already_placed(members: Sequence[Member], vmi: str, now: dt.datetime) -> str | None:
+    """§3 reinvocation: the node when a recent Succeeded request for this VMI placed exactly this set."""
+    names = {m.device.name for m in members}
+    node: str | None = None
+    for m in members:
+        d = m.device
+        r = d.status.bind_request
+        if (
+            d.status.attached_to is None
+            or d.status.attached_to.vmi != vmi
+            or r is None
+            or r.vmi != vmi
+            or r.result is not BindResult.SUCCEEDED
+            or now - r.requested_at >= REQUEST_REUSE
+            or set(r.devices) != names
+            or not d.holds_gpus
+            or (node is not None and d.status.node_name != node)
+        ):
+            return None
+        node = d.status.node_name
+    return node
+
+
+def judge_answer(devices: Sequence[GPUDevice]) -> tuple[str | None, str | None]:
+    """(node, None) when the binder placed every device on one node, else (None, refusal)."""
+    nodes: set[str] = set()
+    for d in devices:
+        r = d.status.bind_request
+        if r is None or r.result is not BindResult.SUCCEEDED:
+            return None, (r.message if r is not None and r.message else "the GPU binder could not place the set")
+        if not d.holds_gpus or not d.status.node_name:
+            return None, f"the GPU binder answered, but {ident(d)} holds no node"
+        nodes.add(d.status.node_name)
+    if len(nodes) != 1:
+        return None, "the GPU binder placed the set on more than one node: " + ", ".join(sorted(nodes))
+    return nodes.pop(), None
+
+
+def pinned(vmi: dict[str, Any], gpus: Sequence[dict[str, str]], node: str | None) -> dict[str, Any]:
+    """The VMI as admitted: its gpus are the set's entries and every required term names the node."""
+    out = copy.deepcopy(vmi)
+    spec = out.setdefault("spec", {})
+    devices = spec.setdefault("domain", {}).setdefault("devices", {})
+    devices["gpus"] = [dict(e) for e in gpus]
+    if node is None:
+        return out
+    required = (
+        spec.setdefault("affinity", {})
+        .setdefault("nodeAffinity", {})
+        .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    )
+    terms = required.setdefault("nodeSelectorTerms", [])
+    if not terms:
+        terms.append({})
+    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
+    for term in terms:
+        fields = term.setdefault("matchFields", [])
+        if pin not in fields:
+            fields.append(pin)
+    return out

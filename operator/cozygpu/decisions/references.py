@@ -1,0 +1,82 @@
+"""Parsing a VMI's devices annotation (§1.5, §3.2) into references.
+
+Every malformed input becomes a `ReferenceError` whose message names the entry and
+what is wrong with it; nothing here raises anything else, whatever the input.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from cozygpu.api.names import ANNOTATION_DEVICES
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+MAX_NAME = 253
+
+
+class ReferenceError(ValueError):
+    """The annotation is not a valid list of device references."""
+
+
+@dataclass(frozen=True)
+class HeldRef:
+    """`{"device": name}`: a GPUDevice the tenant holds."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class TemplateRef:
+    """`{"deviceTemplate": {"className", "count"}}`: a device made for this VMI alone."""
+
+    class_name: str
+    count: int
+
+
+Ref = HeldRef | TemplateRef
+
+
+def valid_name(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= MAX_NAME and _NAME.match(value) is not None
+
+
+def _entry(index: int, raw: Any) -> Ref:
+    where = f"entry {index}"
+    if not isinstance(raw, dict) or len(raw) != 1 or next(iter(raw)) not in ("device", "deviceTemplate"):
+        raise ReferenceError(f'{where} must be exactly one of {{"device": ...}} or {{"deviceTemplate": ...}}')
+    if "device" in raw:
+        name = raw["device"]
+        if not valid_name(name):
+            raise ReferenceError(f"{where}: device {json.dumps(name)} is not a valid object name")
+        return HeldRef(name)
+    template = raw["deviceTemplate"]
+    if not isinstance(template, dict) or set(template) != {"className", "count"}:
+        raise ReferenceError(f"{where}: deviceTemplate must have exactly className and count")
+    class_name, count = template["className"], template["count"]
+    if not valid_name(class_name):
+        raise ReferenceError(f"{where}: className {json.dumps(class_name)} is not a valid object name")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ReferenceError(f"{where}: count must be a whole number of at least 1, not {json.dumps(count)}")
+    return TemplateRef(class_name, count)
+
+
+def parse(annotations: dict[str, str] | None) -> list[Ref]:
+    """§3.2: the annotation must be a non-empty JSON array of valid entries."""
+    text = (annotations or {}).get(ANNOTATION_DEVICES)
+    if text is None:
+        raise ReferenceError(f"annotation {ANNOTATION_DEVICES} is missing")
+    try:
+        raw = json.loads(text)
+    except (ValueError, RecursionError):
+        raise ReferenceError(f"annotation {ANNOTATION_DEVICES} is not valid JSON") from None
+    if not isinstance(raw, list):
+        raise ReferenceError(f"annotation {ANNOTATION_DEVICES} must be a JSON array of device references")
+    if not raw:
+        raise ReferenceError(f"annotation {ANNOTATION_DEVICES} lists no devices")
+    try:
+        return [_entry(i, entry) for i, entry in enumerate(raw)]
+    except ReferenceError as e:
+        raise ReferenceError(f"annotation {ANNOTATION_DEVICES}: {e}") from None

@@ -1,0 +1,72 @@
+"""The GPUDevice, GPUClass and GPUBudget validating webhooks (§9): executors around the pure checks.
+
+Held-device creates are admitted one at a time and reserved until the view sees
+them, so two concurrent creates cannot together pass a budget (§7.4).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from cozygpu.api import GPUBudget, GPUClass, GPUDevice
+from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
+from cozygpu.decisions import validation
+from cozygpu.decisions.budgets import Order
+from cozygpu.runtime.reservations import Reservations
+from cozygpu.state.cluster import Cluster
+
+log = structlog.get_logger("cozygpu.webhook")
+
+
+class Denied(Exception):
+    pass
+
+
+class Validation:
+    def __init__(self, cluster: Cluster, reservations: Reservations) -> None:
+        self._cluster = cluster
+        self._reservations = reservations
+        self.operator_user = ""  # learned at start-up (SelfSubjectReview)
+
+    async def device(
+        self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None, user: str, dry_run: bool
+    ) -> None:
+        if operation == "CREATE" and new is not None:
+            device = GPUDevice.from_wire(new)
+            async with self._reservations.lock:  # one held-device order at a time (§7.4)
+                problem = validation.device_create(
+                    self._cluster, device, user, self.operator_user, self._reservations.orders()
+                )
+                if problem is None and not dry_run and LABEL_TEMPLATE_DEVICE not in device.metadata.labels:
+                    order = Order(device.namespace or "", device.spec.class_name, device.spec.count, device.name)
+                    self._reservations.add(device.namespace or "", device.name, order)
+        elif operation == "UPDATE" and new is not None and old is not None:
+            problem = validation.device_update(
+                GPUDevice.from_wire(old), GPUDevice.from_wire(new), user, self.operator_user
+            )
+        else:
+            return
+        self._answer("gpudevice", new or old or {}, problem)
+
+    def gpu_class(self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
+        if operation != "UPDATE" or new is None or old is None:
+            return
+        problem = validation.class_update(self._cluster, GPUClass.from_wire(old), GPUClass.from_wire(new))
+        self._answer("gpuclass", new, problem)
+
+    def budget(self, new: dict[str, Any] | None, warnings: list[str]) -> None:
+        if new is None:
+            return
+        problem, notes = validation.budget_warnings(self._cluster, GPUBudget.from_wire(new))
+        warnings.extend(notes)
+        self._answer("gpubudget", new, problem)
+
+    @staticmethod
+    def _answer(kind: str, body: dict[str, Any], problem: str | None) -> None:
+        if problem is None:
+            return
+        meta = body.get("metadata", {})
+        log.info(f"{kind}.refused", namespace=meta.get("namespace"), name=meta.get("name"), reason=problem)
+        raise Denied(problem)

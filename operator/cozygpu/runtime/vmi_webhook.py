@@ -1,0 +1,300 @@
+"""The VMI admission executor (§3, §4): checks, then the bind, then the patch.
+
+Called by the mutating webhook handler (runtime.handlers) for CREATE of VMIs with
+the device-reference label. Referenced devices are read fresh from the API; the
+rest comes from the view. A refusal after any write undoes exactly what this call
+wrote before it answers; what it cannot undo, the garbage collector clears (§6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from cozygpu.api import Attachment, BindRequest, GPUDevice
+from cozygpu.api.meta import now as utcnow
+from cozygpu.api.names import LABEL_DEVICE_REFERENCE, TRUE, template_device_name
+from cozygpu.decisions import admission, budgets, references
+from cozygpu.decisions.admission import Member
+from cozygpu.decisions.references import HeldRef, TemplateRef
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict, NotFound
+from cozygpu.runtime.reservations import Reservations
+from cozygpu.runtime.waiters import Waiters
+from cozygpu.state.cluster import Cluster
+
+log = structlog.get_logger("cozygpu.webhook")
+
+CONFLICT_RETRIES = 5
+
+
+class Refusal(Exception):
+    """A denial the tenant reads: which object, which rule."""
+
+
+class InternalError(Exception):
+    """The API failed us; the webhook fails closed with an error, not a denial."""
+
+
+@dataclass
+class _Writes:
+    """What this call wrote, so a refusal can undo exactly that."""
+
+    created: list[GPUDevice] = field(default_factory=list)
+    attached: list[str] = field(default_factory=list)  # attachments this call made
+    requested: list[str] = field(default_factory=list)  # devices carrying this call's request
+    request_id: str = ""
+
+
+class VMIAdmission:
+    def __init__(
+        self,
+        cluster: Cluster,
+        kube: AsyncKube,
+        waiters: Waiters,
+        reservations: Reservations,
+        *,
+        bind_timeout: float,
+        seen: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self._cluster = cluster
+        self._kube = kube
+        self._waiters = waiters
+        self._reservations = reservations
+        self._bind_timeout = bind_timeout
+        self._seen = seen  # feeds a write's response into the view and wakes the binder
+
+    async def admit(self, vmi: dict[str, Any], dry_run: bool) -> dict[str, Any]:
+        """The VMI as admitted (gpus entries, node pin); raises Refusal or InternalError."""
+        meta = vmi.get("metadata", {})
+        if (meta.get("labels") or {}).get(LABEL_DEVICE_REFERENCE) != TRUE:
+            return vmi
+        name, namespace = meta.get("name") or "", meta.get("namespace") or ""
+        started = time.monotonic()
+        bound = structlog.contextvars.bound_contextvars(namespace=namespace, vmi=name or meta.get("generateName"))
+        with bound:
+            try:
+                admitted, node = await self._admit(vmi, name, namespace, dry_run)
+            except Refusal as e:
+                log.info("vmi.refused", reason=str(e), dry_run=dry_run, duration_ms=_ms(started))
+                raise
+            except InternalError as e:
+                log.error("vmi.error", error=str(e), dry_run=dry_run, duration_ms=_ms(started))
+                raise
+            log.info("vmi.admitted", node=node, dry_run=dry_run, duration_ms=_ms(started))
+            return admitted
+
+    async def _admit(
+        self, vmi: dict[str, Any], name: str, namespace: str, dry_run: bool
+    ) -> tuple[dict[str, Any], str | None]:
+        if not name:
+            raise Refusal("a VMI with GPU device references needs a name: generateName is not supported")
+        try:
+            refs = references.parse(vmi["metadata"].get("annotations"))
+        except references.ReferenceError as e:
+            raise Refusal(str(e)) from None
+        members = await self._resolve(namespace, name, refs)
+        problem = (
+            admission.duplicates(members)
+            or admission.set_problem(vmi["metadata"].get("labels") or {}, members, self._permitted())
+            or admission.templates_fit(self._cluster, members)
+        )
+        if problem:
+            raise Refusal(problem)
+        gpus = admission.desired_gpus(members)
+        own = admission.own_gpu_entries(vmi, gpus, admission.gpu_resource_names(self._cluster, self._permitted()))
+        if own:
+            raise Refusal("the VMI carries GPU entries of its own next to device references: " + ", ".join(own))
+        refusal = budgets.check_orders(self._cluster, admission.orders(namespace, members), self._reservations.orders())
+        if refusal:
+            raise Refusal(refusal)
+        if dry_run:
+            node = admission.already_placed(members, name, utcnow())
+            return admission.pinned(vmi, gpus, node), node
+        node = await self._bind(namespace, name, members)
+        return admission.pinned(vmi, gpus, node), node
+
+    def _permitted(self) -> set[str] | None:
+        return admission.permitted_resources(self._cluster)
+
+    # -- §3.3, §3.4: fresh reads ---------------------------------------------
+
+    async def _get(self, namespace: str, name: str) -> GPUDevice | None:
+        try:
+            body = await self._kube.get_or_none(kinds.GPU_DEVICE, name, namespace)
+        except ApiError as e:
+            raise InternalError(f"reading GPUDevice {namespace}/{name}: {e.message}") from None
+        return GPUDevice.from_wire(body) if body is not None else None
+
+    async def _resolve(self, namespace: str, vmi: str, refs: list[references.Ref]) -> list[Member]:
+        names = [r.name if isinstance(r, HeldRef) else template_device_name(vmi, i) for i, r in enumerate(refs)]
+        devices = await asyncio.gather(*(self._get(namespace, n) for n in names))
+        members: list[Member] = []
+        problems: list[str] = []
+        for index, (ref, device) in enumerate(zip(refs, devices, strict=True)):
+            if isinstance(ref, TemplateRef):
+                result = admission.check_template(self._cluster, namespace, vmi, index, ref=ref, device=device)
+            else:
+                result = admission.check_held(self._cluster, vmi, index, ref, device)
+            if isinstance(result, str):
+                problems.append(result)
+            else:
+                members.append(result)
+        if problems:
+            raise Refusal("; ".join(problems))
+        return members
+
+    # -- the bind (§4) --------------------------------------------------------
+
+    async def _bind(self, namespace: str, vmi: str, members: list[Member]) -> str:
+        writes = _Writes()
+        try:
+            members = await self._create_templates(members, writes)
+            node = admission.already_placed(members, vmi, utcnow())
+            if node is not None:
+                return node  # a reinvocation: this create's own answer is in place
+            request = BindRequest(
+                id=str(uuid.uuid4()), vmi=vmi, devices=[m.device.name for m in members], requested_at=utcnow()
+            )
+            writes.request_id = request.id
+            for m in members:
+                await self._request(m.device, vmi, request, writes)
+            answered = await self._wait(namespace, request)
+            if answered is None:
+                raise Refusal(
+                    f"the GPU binder did not answer within {self._bind_timeout:g}s; KubeVirt retries the start"
+                )
+            node, refusal = admission.judge_answer(answered)
+            if refusal is not None or node is None:
+                raise Refusal(refusal or "the GPU binder could not place the set")
+            log.info("vmi.bound", request_id=request.id, node=node, devices=request.devices)
+            return node
+        except Refusal:
+            await self._undo(namespace, vmi, writes)
+            raise
+        except ApiError as e:
+            await self._undo(namespace, vmi, writes)
+            raise InternalError(e.message) from None
+
+    async def _create_templates(self, members: list[Member], writes: _Writes) -> list[Member]:
+        out = []
+        for m in members:
+            if not m.create:
+                out.append(m)
+                continue
+            try:
+                body = await self._kube.create(kinds.GPU_DEVICE, m.device.wire())
+            except AlreadyExists:
+                raise Refusal(f"GPUDevice {m.device.name} was created by another admission at the same time") from None
+            created = GPUDevice.from_wire(body)
+            writes.created.append(created)
+            self._seen(body)
+            out.append(Member(created, m.cls, m.index, template=True, create=False))
+        return out
+
+    async def _request(self, device: GPUDevice, vmi: str, request: BindRequest, writes: _Writes) -> None:
+        """Attach and write the request in one status update, under the device's resourceVersion."""
+        namespace = device.namespace or ""
+        current: GPUDevice | None = device
+        for _ in range(CONFLICT_RETRIES):
+            if current is None:
+                raise Refusal(f"GPUDevice {device.name} no longer exists")
+            attached = current.status.attached_to
+            if current.deleting:
+                raise Refusal(f"{admission.ident(current)} is being deleted")
+            if attached is not None and attached.vmi != vmi:
+                raise Refusal(f"{admission.ident(current)} is attached to VMI {attached.vmi}")
+            attaching = attached is None
+            status = current.status.model_copy(
+                update={
+                    "attached_to": Attachment(vmi=vmi, since=utcnow()) if attaching else attached,
+                    "bind_request": request,
+                }
+            )
+            try:
+                body = await self._kube.replace_status(
+                    kinds.GPU_DEVICE, current.model_copy(update={"status": status}).wire()
+                )
+            except Conflict:
+                current = await self._get(namespace, device.name)
+                continue
+            except NotFound:
+                raise Refusal(f"GPUDevice {device.name} no longer exists") from None
+            writes.requested.append(device.name)
+            if attaching:
+                writes.attached.append(device.name)
+            self._seen(body)
+            return
+        raise Refusal(f"GPUDevice {device.name} kept changing while being attached; KubeVirt retries the start")
+
+    async def _wait(self, namespace: str, request: BindRequest) -> list[GPUDevice] | None:
+        """Until every device carries a result for the request, waking on view changes."""
+        deadline = time.monotonic() + self._bind_timeout
+        with self._waiters.waiting() as changed:
+            while True:
+                changed.clear()
+                devices = [self._cluster.device(namespace, n) for n in request.devices]
+                if all(
+                    d is not None
+                    and d.status.bind_request is not None
+                    and d.status.bind_request.id == request.id
+                    and d.status.bind_request.result is not None
+                    for d in devices
+                ):
+                    return [d for d in devices if d is not None]
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), remaining)
+
+    async def _undo(self, namespace: str, vmi: str, writes: _Writes) -> None:
+        """Clear this call's request and attachments, delete the devices it created (UID precondition)."""
+        created = {d.name for d in writes.created}
+        try:
+            async with asyncio.timeout(5):
+                for name in writes.requested:
+                    if name not in created:
+                        await self._clear(namespace, name, vmi, writes.request_id, name in writes.attached)
+                for d in writes.created:
+                    await self._kube.delete(kinds.GPU_DEVICE, d.name, namespace, uid=d.metadata.uid)
+                    log.info("vmi.undo.deleted", device=d.name)
+        except (ApiError, TimeoutError) as e:
+            # What is left, the garbage collector clears after the grace period (§6.3).
+            log.warning("vmi.undo.incomplete", error=str(e), request_id=writes.request_id)
+
+    async def _clear(self, namespace: str, name: str, vmi: str, request_id: str, attached_by_us: bool) -> None:
+        for _ in range(CONFLICT_RETRIES):
+            current = await self._get(namespace, name)
+            if current is None:
+                return
+            changes: dict[str, Any] = {}
+            request = current.status.bind_request
+            if request is not None and request.id == request_id:
+                changes["bind_request"] = None
+            attached = current.status.attached_to
+            if attached_by_us and attached is not None and attached.vmi == vmi and attached.uid is None:
+                changes["attached_to"] = None
+            if not changes:
+                return
+            status = current.status.model_copy(update=changes)
+            try:
+                body = await self._kube.replace_status(
+                    kinds.GPU_DEVICE, current.model_copy(update={"status": status}).wire()
+                )
+            except Conflict:
+                continue
+            self._seen(body)
+            log.info("vmi.undo.cleared", device=name, request_id=request_id)
+            return
+
+
+def _ms(started: float) -> float:
+    return round((time.monotonic() - started) * 1000, 1)

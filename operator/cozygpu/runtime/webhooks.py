@@ -1,0 +1,110 @@
+"""Serving the admission webhooks: TLS material, the kopf server, the configurations.
+
+In a cluster the Helm chart mounts the certificate and installs the configurations;
+with `--dev` the operator makes a self-signed certificate, registers configurations
+pointing at itself and removes them on exit. The builders here return objects; the
+Operator writes them.
+"""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from cozygpu import tls
+from cozygpu.api.names import GROUP, KUBEVIRT_GROUP, KUBEVIRT_VERSION, LABEL_DEVICE_REFERENCE, TRUE, VERSION
+
+CONFIGURATION_NAME = "cozy-gpu-operator"
+
+# Handler ids; kopf serves each at /<id>.
+VMI_HOOK = "vmi"
+DEVICE_HOOK = "gpudevice"
+CLASS_HOOK = "gpuclass"
+BUDGET_HOOK = "gpubudget"
+
+
+@dataclass(frozen=True)
+class Serving:
+    server: kopf.WebhookServer
+    url: str
+    ca_bundle: bytes
+
+
+def dev_serving(host: str, port: int) -> Serving:
+    """A self-signed CA and a serving certificate for `host`, in a private temporary directory."""
+    directory = Path(tempfile.mkdtemp(prefix="cozygpu-webhook-"))
+    ca = tls.Authority("cozy-gpu-operator webhook CA (dev)")
+    leaf = ca.serving([host, "localhost"])
+    cert, key = directory / "tls.crt", directory / "tls.key"
+    cert.write_bytes(leaf.cert_pem)
+    key.write_bytes(leaf.key_pem)
+    key.chmod(0o600)
+    server = kopf.WebhookServer(addr=host, port=port, host=host, certfile=str(cert), pkeyfile=str(key))
+    return Serving(server, f"https://{host}:{port}", ca.cert_pem)
+
+
+def cluster_serving(addr: str, port: int, cert_dir: Path) -> kopf.WebhookServer:
+    """The chart's mounted certificate (tls.crt, tls.key); kopf reloads it when the files change."""
+    return kopf.WebhookServer(
+        addr=addr, port=port, certfile=str(cert_dir / "tls.crt"), pkeyfile=str(cert_dir / "tls.key")
+    )
+
+
+def _client(url: str, hook: str, ca_bundle: bytes) -> dict[str, Any]:
+    return {"url": f"{url}/{hook}", "caBundle": base64.b64encode(ca_bundle).decode()}
+
+
+def _rule(group: str, version: str, resource: str, operations: list[str]) -> dict[str, Any]:
+    return {
+        "apiGroups": [group],
+        "apiVersions": [version],
+        "resources": [resource],
+        "operations": operations,
+        "scope": "*",
+    }
+
+
+def configurations(url: str, ca_bundle: bytes, timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The Mutating (VMIs) and Validating (our kinds) configurations of §3, §9 and §10."""
+    seconds = int(timeout)
+    common = {"admissionReviewVersions": ["v1"], "failurePolicy": "Fail", "matchPolicy": "Equivalent"}
+    mutating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": CONFIGURATION_NAME},
+        "webhooks": [
+            {
+                "name": f"vmi.{GROUP}",
+                "clientConfig": _client(url, VMI_HOOK, ca_bundle),
+                "rules": [_rule(KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachineinstances", ["CREATE"])],
+                # Only VMIs with device references wait on the operator (§10).
+                "objectSelector": {"matchLabels": {LABEL_DEVICE_REFERENCE: TRUE}},
+                "reinvocationPolicy": "IfNeeded",
+                "sideEffects": "NoneOnDryRun",
+                "timeoutSeconds": seconds,
+                **common,
+            }
+        ],
+    }
+    validating = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": CONFIGURATION_NAME},
+        "webhooks": [
+            {
+                "name": f"{hook}.{GROUP}",
+                "clientConfig": _client(url, hook, ca_bundle),
+                "rules": [_rule(GROUP, VERSION, plural, ["CREATE", "UPDATE"])],
+                "sideEffects": "None",
+                "timeoutSeconds": min(seconds, 10),
+                **common,
+            }
+            for hook, plural in ((DEVICE_HOOK, "gpudevices"), (CLASS_HOOK, "gpuclasses"), (BUDGET_HOOK, "gpubudgets"))
+        ],
+    }
+    return mutating, validating
