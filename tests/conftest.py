@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
+from tests.helpers import gpu_class_body
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -32,6 +34,26 @@ def control_plane() -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def kube(control_plane: ControlPlane) -> Kube:
     return control_plane.kube()
+
+
+OPERATOR_USER = "cozy-gpu-operator"
+
+
+def start_admitting_operator(plane: ControlPlane, directory: Path, *extra: str) -> OperatorProcess:
+    """The whole operator with webhooks (--dev), as its own user, so the template-label rule can tell it apart."""
+    kubeconfig = plane.write_kubeconfig(directory / "operator-kubeconfig", user=OPERATOR_USER, group="system:masters")
+    return OperatorProcess(kubeconfig, directory / "operator.log", "--dev", *extra).start()
+
+
+@pytest.fixture(scope="module")
+def admitting(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The operator with its webhooks registered, one per test module; unregistered after."""
+    process = start_admitting_operator(control_plane, tmp_path_factory.mktemp("admitting"), "--bind-timeout", "5")
+    yield process
+    process.stop()
+    kube = control_plane.kube()
+    kube.delete(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")
+    kube.delete(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator")
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +103,19 @@ def gpu_node(kube: Kube) -> Iterator[GPUNodeFactory]:
     yield make
     for name in made:
         kube.delete(kinds.NODE, name)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    resource: str
+    cls: str
+
+
+@pytest.fixture
+def gpu(kube: Kube) -> Iterator[Gpu]:
+    """A fresh resource name and a passthrough class for it: no other test's nodes compete."""
+    tag = uuid.uuid4().hex[:6]
+    g = Gpu(f"example.com/gpu-{tag}", f"cls-{tag}")
+    kube.create(kinds.GPU_CLASS, gpu_class_body(g.cls, g.resource))
+    yield g
+    kube.delete(kinds.GPU_CLASS, g.cls)

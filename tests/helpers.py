@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
-from cozygpu.kube.adapter import Body
+from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, LABEL_TEMPLATE_DEVICE
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import Body, Kube
 
 A10 = "nvidia.com/GA102GL_A10"
 
@@ -30,3 +33,48 @@ def gpu_device_body(name: str, namespace: str, class_name: str, count: int = 1) 
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def vmi_body(
+    name: str,
+    namespace: str,
+    refs: list[dict[str, Any]] | str | None,
+    *,
+    labels: dict[str, str] | None = None,
+    domain: dict[str, Any] | None = None,
+    affinity: dict[str, Any] | None = None,
+) -> Body:
+    """A VMI with device references in KubeVirt's schema; refs None leaves the annotation out."""
+    annotations = {}
+    if refs is not None:
+        annotations[ANNOTATION_DEVICES] = refs if isinstance(refs, str) else json.dumps(refs)
+    spec: dict[str, Any] = {
+        "domain": domain or {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}},
+    }
+    if affinity:
+        spec["affinity"] = affinity
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {LABEL_DEVICE_REFERENCE: "true", **(labels or {})},
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def leftovers(kube: Kube, namespace: str, vmi: str) -> list[str]:
+    """What a refused admission of `vmi` may not leave behind: attachments, requests, template devices."""
+    found = []
+    for d in kube.list(kinds.GPU_DEVICE, namespace):
+        name, status = d["metadata"]["name"], d.get("status", {})
+        if (status.get("attachedTo") or {}).get("vmi") == vmi:
+            found.append(f"{name}: attached")
+        if (status.get("bindRequest") or {}).get("vmi") == vmi:
+            found.append(f"{name}: bind request")
+        if name.startswith(f"{vmi}-gpu-") and d["metadata"].get("labels", {}).get(LABEL_TEMPLATE_DEVICE) == "true":
+            found.append(f"{name}: template device")
+    return found

@@ -81,6 +81,7 @@ def _run(args: argparse.Namespace) -> int:
         "health_port": args.health_port,
         "webhook_mode": "dev" if args.dev else ("off" if args.no_webhooks else None),
         "webhook_port": args.webhook_port,
+        "binder": False if args.no_binder else None,
         "webhook_cert_dir": args.webhook_cert_dir,
         "log_format": args.log_format,
         "log_level": args.log_level,
@@ -115,6 +116,7 @@ def parser() -> argparse.ArgumentParser:
         help="self-signed webhook certificate; register (and on exit remove) the webhook configurations",
     )
     run.add_argument("--no-webhooks", action="store_true", help="run without admission webhooks")
+    run.add_argument("--no-binder", action="store_true", help="run without the binder (nothing answers bind requests)")
     run.add_argument("--webhook-port", type=int, help="webhook port (default 9443; 0 or unset with --dev: any free)")
     run.add_argument("--webhook-cert-dir", help="directory with tls.crt and tls.key (default /etc/cozygpu/tls)")
     run.set_defaults(func=_run)

@@ -27,6 +27,7 @@ class Settings(BaseModel):
     log_level: str = "INFO"
     health_host: str = "0.0.0.0"
     health_port: int = Field(default=8080, ge=0, le=65535)
+    binder: bool = Field(default=True, description="Off: admissions wait and time out (split roles, tests).")
     webhook_mode: Literal["cluster", "dev", "off"] = Field(
         default="cluster",
         description="cluster: serve with the chart's certificate; dev: self-signed, register ourselves; off: none.",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -17,26 +16,10 @@ from cozygpu.devcluster import nodes
 from cozygpu.devcluster.harness import OperatorProcess, answer_of, template_device, wait_for, write_request
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
-from tests.conftest import GPUNodeFactory
+from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_class_body, gpu_device_body
 
 pytestmark = pytest.mark.integration
-
-
-@dataclass(frozen=True)
-class Gpu:
-    resource: str
-    cls: str
-
-
-@pytest.fixture
-def gpu(kube: Kube) -> Any:
-    """A fresh resource name and a passthrough class for it."""
-    tag = uuid.uuid4().hex[:6]
-    g = Gpu(f"example.com/gpu-{tag}", f"cls-{tag}")
-    kube.create(kinds.GPU_CLASS, gpu_class_body(g.cls, g.resource))
-    yield g
-    kube.delete(kinds.GPU_CLASS, g.cls)
 
 
 def status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:

@@ -200,6 +200,16 @@ class Kube:
             return False
         return True
 
+    def create_raw(self, kind: Kind, body: Body) -> requests.Response:
+        """POST and hand back the response itself, for callers that read headers (warnings)."""
+        kwargs: dict[str, Any] = {"version": kind.api_version, "url": kind.plural, "data": json.dumps(body),
+                                  "headers": {"Content-Type": "application/json"}}  # fmt: skip
+        namespace = body.get("metadata", {}).get("namespace")
+        if kind.namespaced and namespace:
+            kwargs["namespace"] = namespace
+        response: requests.Response = self._api.request("POST", **kwargs)
+        return response
+
     def whoami(self) -> str:
         """The username the API server sees for this client (SelfSubjectReview)."""
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}

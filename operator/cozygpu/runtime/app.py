@@ -192,10 +192,9 @@ class Operator:
                 self.on_event(kind, {"type": None, "object": item})
         self.validation.operator_user = await self.kube.whoami()
         self.synced = True
-        self._tasks = [
-            asyncio.create_task(self.binder.run(), name="binder"),
-            asyncio.create_task(self.accountant.run(), name="accountant"),
-        ]
+        self._tasks = [asyncio.create_task(self.accountant.run(), name="accountant")]
+        if self.settings.binder:
+            self._tasks.append(asyncio.create_task(self.binder.run(), name="binder"))
         if self.settings.webhook_mode != "off":
             self._tasks.append(asyncio.create_task(self._serve_webhooks(), name="webhooks"))
         log.info(
