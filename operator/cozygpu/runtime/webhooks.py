@@ -9,11 +9,13 @@ Operator writes them.
 from __future__ import annotations
 
 import base64
+import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp.web
 import kopf
 
 from cozygpu import tls
@@ -26,6 +28,22 @@ VMI_HOOK = "vmi"
 DEVICE_HOOK = "gpudevice"
 CLASS_HOOK = "gpuclass"
 BUDGET_HOOK = "gpubudget"
+
+
+class ReviewServer(kopf.WebhookServer):
+    """kopf's server, refusing bodies that are not AdmissionReviews with 400 rather than 500 (§3)."""
+
+    @staticmethod
+    async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        try:
+            review = json.loads(await request.text())
+        except ValueError:
+            raise aiohttp.web.HTTPBadRequest(reason="the body is not JSON") from None
+        inner = review.get("request") if isinstance(review, dict) else None
+        if not isinstance(inner, dict) or not isinstance(inner.get("resource"), dict) or "userInfo" not in inner:
+            raise aiohttp.web.HTTPBadRequest(reason="the body is not an AdmissionReview request")
+        response: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, request)
+        return response
 
 
 @dataclass(frozen=True)
@@ -44,15 +62,13 @@ def dev_serving(host: str, port: int) -> Serving:
     cert.write_bytes(leaf.cert_pem)
     key.write_bytes(leaf.key_pem)
     key.chmod(0o600)
-    server = kopf.WebhookServer(addr=host, port=port, host=host, certfile=str(cert), pkeyfile=str(key))
+    server = ReviewServer(addr=host, port=port, host=host, certfile=str(cert), pkeyfile=str(key))
     return Serving(server, f"https://{host}:{port}", ca.cert_pem)
 
 
-def cluster_serving(addr: str, port: int, cert_dir: Path) -> kopf.WebhookServer:
+def cluster_serving(addr: str, port: int, cert_dir: Path) -> ReviewServer:
     """The chart's mounted certificate (tls.crt, tls.key); kopf reloads it when the files change."""
-    return kopf.WebhookServer(
-        addr=addr, port=port, certfile=str(cert_dir / "tls.crt"), pkeyfile=str(cert_dir / "tls.key")
-    )
+    return ReviewServer(addr=addr, port=port, certfile=str(cert_dir / "tls.crt"), pkeyfile=str(cert_dir / "tls.key"))
 
 
 def _client(url: str, hook: str, ca_bundle: bytes) -> dict[str, Any]:

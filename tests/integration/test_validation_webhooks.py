@@ -1,0 +1,124 @@
+"""GPUDevice, GPUClass and GPUBudget admission (§9) called by the real API server."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cozygpu.api.names import API_VERSION
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import ApiError, Kube
+from tests.conftest import OPERATOR_USER, Gpu, GPUNodeFactory
+from tests.helpers import gpu_class_body, gpu_device_body, unique
+
+pytestmark = pytest.mark.integration
+
+
+def denied(kube: Kube, body: dict[str, Any], hook: str = "gpudevice") -> str:
+    with pytest.raises(ApiError) as raised:
+        kube.create(kinds.kind(body["kind"]), body)
+    assert raised.value.status == 403, raised.value.message
+    assert f'admission webhook "{hook}.gpu.cozystack.io" denied the request' in raised.value.message
+    return raised.value.message
+
+
+def budget_body(name: str, namespace: str, limits: dict[str, int]) -> dict[str, Any]:
+    return {"apiVersion": API_VERSION, "kind": "GPUBudget", "metadata": {"name": name, "namespace": namespace},
+            "spec": {"limits": limits}}  # fmt: skip
+
+
+def test_device_creates_that_could_never_be_served_are_refused(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu_node: GPUNodeFactory
+) -> None:
+    """§9.1: unknown class, above maxCount, above what any node has; nothing is created."""
+    tag = unique("v")
+    kube.create(kinds.GPU_CLASS, gpu_class_body(tag, f"example.com/{tag}", maxCount=2))
+    gpu_node({f"example.com/{tag}": 3}, name=f"n-{tag}")
+    wait_for("node seen", lambda: kube.get_or_none(kinds.GPU_NODE, f"n-{tag}"))
+    assert "GPUClass nope does not exist" in denied(kube, gpu_device_body("a", namespace, "nope"))
+    assert f"count 3 exceeds the maxCount of 2 of GPUClass {tag}" in denied(
+        kube, gpu_device_body("b", namespace, tag, 3)
+    )
+    kube.create(kinds.GPU_CLASS, gpu_class_body(f"{tag}-wide", f"example.com/{tag}"))
+    wait_for("class seen", lambda: kube.get(kinds.GPU_NODE, f"n-{tag}").get("status", {}).get("classes") == [
+        tag, f"{tag}-wide"])  # fmt: skip
+    message = denied(kube, gpu_device_body("c", namespace, f"{tag}-wide", 4))
+    assert f"no node has 4 units of example.com/{tag}, so it could never be placed; the most one has is 3" in message
+    assert kube.list(kinds.GPU_DEVICE, namespace) == []
+
+
+def test_concurrent_held_device_creates_cannot_together_pass_a_budget(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§7.4: six creates of one unit against a budget of three, all at once: exactly three exist after."""
+    gpu_node({gpu.resource: 8}, name=f"n-{gpu.cls}")
+    kube.create(kinds.GPU_BUDGET, budget_body("three", namespace, {gpu.cls: 3}))
+    wait_for("budget seen", lambda: kube.get_or_none(kinds.GPU_BUDGET, "three", namespace))
+
+    def create(i: int) -> int:
+        try:
+            kube.create(kinds.GPU_DEVICE, gpu_device_body(f"d{i}", namespace, gpu.cls))
+        except ApiError as e:
+            return e.status
+        return 201
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        codes = list(pool.map(create, range(6)))
+    assert sorted(codes) == [201] * 3 + [403] * 3
+    assert len(kube.list(kinds.GPU_DEVICE, namespace)) == 3
+
+
+def test_only_the_operator_creates_or_relabels_template_devices(
+    admitting: OperatorProcess, control_plane: ControlPlane, kube: Kube, namespace: str, gpu: Gpu,
+    gpu_node: GPUNodeFactory, tmp_path: Path,
+) -> None:  # fmt: skip
+    """§1.2/§9.1: a tenant (here admin) cannot fake a template device, nor add or drop the label."""
+    gpu_node({gpu.resource: 2}, name=f"n-{gpu.cls}")
+    labelled = gpu_device_body("vm-gpu-0", namespace, gpu.cls)
+    labelled["metadata"]["labels"] = {"gpu.cozystack.io/template-device": "true"}
+    assert "only the GPU operator may create devices labelled" in denied(kube, labelled)
+    as_operator = Kube.from_kubeconfig(control_plane.write_kubeconfig(tmp_path / "kc", user=OPERATOR_USER))
+    as_operator.create(kinds.GPU_DEVICE, labelled)
+    created = kube.get(kinds.GPU_DEVICE, "vm-gpu-0", namespace)
+    created["metadata"]["labels"] = {}
+    with pytest.raises(ApiError, match="only the GPU operator may add, change or remove the label"):
+        kube.replace(kinds.GPU_DEVICE, created)
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("plain", namespace, gpu.cls))
+    wait_for("plain placed", lambda: kube.get(kinds.GPU_DEVICE, "plain", namespace).get("status", {}).get("phase"))
+    plain = kube.get(kinds.GPU_DEVICE, "plain", namespace)
+    plain["metadata"]["labels"] = {"gpu.cozystack.io/template-device": "true"}
+    with pytest.raises(ApiError, match="only the GPU operator may add, change or remove the label"):
+        kube.replace(kinds.GPU_DEVICE, plain)
+
+
+def test_a_class_resource_name_is_fixed_while_devices_name_it(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§9.2: resourceName changes only while no device names the class."""
+    gpu_node({gpu.resource: 2}, name=f"n-{gpu.cls}")
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("d", namespace, gpu.cls))
+    wait_for("device seen", lambda: kube.get(kinds.GPU_DEVICE, "d", namespace).get("status", {}).get("phase"))
+    cls = kube.get(kinds.GPU_CLASS, gpu.cls)
+    cls["spec"]["resourceName"] = "example.com/elsewhere"
+    with pytest.raises(ApiError, match=f"GPUClass {gpu.cls}: spec.resourceName cannot change while 1 GPUDevices"):
+        kube.replace(kinds.GPU_CLASS, cls)
+    free = unique("free")
+    kube.create(kinds.GPU_CLASS, gpu_class_body(free, "example.com/one"))
+    body = kube.get(kinds.GPU_CLASS, free)
+    body["spec"]["resourceName"] = "example.com/two"
+    assert kube.replace(kinds.GPU_CLASS, body)["spec"]["resourceName"] == "example.com/two"
+    kube.delete(kinds.GPU_CLASS, free)
+
+
+def test_a_budget_naming_an_unknown_class_is_allowed_with_a_warning(
+    admitting: OperatorProcess, kube: Kube, namespace: str
+) -> None:
+    """§9.3: the API server passes the webhook's warning on to the client."""
+    response = kube.create_raw(kinds.GPU_BUDGET, budget_body("future", namespace, {"not-yet": 2}))
+    assert response.status_code == 201
+    assert "GPUClass not-yet does not exist (yet)" in response.headers.get("Warning", "")
