@@ -1,24 +1,26 @@
 """`make demo`: a local control plane with fake GPU nodes, the operator, and a short story.
 
 Starts etcd and kube-apiserver (with our CRDs and KubeVirt's), two fake GPU nodes and
-`cozygpu run`; a tenant creates held devices and the binder places them; a bind
-request (written as the VMI webhook writes it) gathers a set onto one node; the
-GPUNodes show what each node holds. Everything stops at the end.
+`cozygpu run --dev` (webhooks registered against the local API server); a tenant
+creates held devices and the binder places them; a VMI naming two held devices and a
+template entry is admitted, gathered onto one node and pinned there; a VMI asking
+for a taken device is refused. Everything stops at the end.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from cozygpu.api.names import API_VERSION
+from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, answer_of, template_device, wait_for, write_request
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
-from cozygpu.kube.adapter import Invalid, Kube
+from cozygpu.kube.adapter import ApiError, Kube
 
 A10 = "nvidia.com/GA102GL_A10"
 NS = "tenant-demo"
@@ -37,11 +39,25 @@ def device(name: str, count: int) -> dict[str, Any]:
     }
 
 
+def vmi_body(name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {LABEL_DEVICE_REFERENCE: "true"},
+            "annotations": {ANNOTATION_DEVICES: json.dumps(refs)},
+        },
+        "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
+    }
+
+
 def show_devices(kube: Kube) -> None:
-    print(f"{'DEVICE':<12}{'COUNT':<7}{'PHASE':<9}{'NODE':<8}MESSAGE")
+    print(f"{'DEVICE':<16}{'COUNT':<7}{'PHASE':<9}{'NODE':<8}MESSAGE")
     for d in sorted(kube.list(kinds.GPU_DEVICE, NS), key=lambda d: d["metadata"]["name"]):
         s = d.get("status", {})
-        print(f"{d['metadata']['name']:<12}{d['spec']['count']:<7}{s.get('phase', ''):<9}"
+        print(f"{d['metadata']['name']:<16}{d['spec']['count']:<7}{s.get('phase', ''):<9}"
               f"{s.get('nodeName', ''):<8}{s.get('message', '')}")  # fmt: skip
 
 
@@ -57,7 +73,7 @@ def main() -> int:
         print(f"API server {plane.server}; kubeconfig {kubeconfig}")
 
         say("two fake GPU nodes with GPUs in status.allocatable, and a GPUClass")
-        for name, count in (("gpu-a", 2), ("gpu-b", 4)):
+        for name, count in (("gpu-a", 2), ("gpu-b", 6)):
             nodes.create_gpu_node(kube, name, {A10: count}, labels={"gpu": "a10"})
             print(f"node {name}: {count} x {A10}")
         kube.create(
@@ -71,33 +87,39 @@ def main() -> int:
         )
         kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
 
-        say("starting the operator (cozygpu run)")
-        operator = OperatorProcess(plane.kubeconfig_path, Path(tmp) / "operator.log", "--no-webhooks").start()
+        say("starting the operator (cozygpu run --dev), as its own user")
+        operator_config = plane.write_kubeconfig(Path(tmp) / "operator-kubeconfig", user="cozy-gpu-operator")
+        operator = OperatorProcess(operator_config, Path(tmp) / "operator.log", "--dev").start()
         try:
             print(f"ready: http://127.0.0.1:{operator.port}/readyz")
 
-            say("the tenant holds GPUs: two devices of 1 unit, one of 5 (more than any node has)")
-            for name, count in (("train-a", 1), ("train-b", 1), ("huge", 5)):
+            say("the tenant holds GPUs: two devices of 1 unit and one of 3; the binder packs them")
+            for name, count in (("train-a", 1), ("train-b", 1), ("big", 3)):
                 kube.create(kinds.GPU_DEVICE, device(name, count))
-            wait_for("devices placed", lambda: bound(kube, "train-a") and bound(kube, "train-b"))
-            wait_for("huge pending", lambda: kube.get(kinds.GPU_DEVICE, "huge", NS).get("status", {}).get("phase"))
+            wait_for("devices placed", lambda: all(bound(kube, n) for n in ("train-a", "train-b", "big")))
             show_devices(kube)
 
-            say("the API server refuses a device of 0 units")
+            say("the operator's webhook refuses a device no node could ever hold")
             try:
-                kube.create(kinds.GPU_DEVICE, device("none", 0))
-            except Invalid as e:
-                print(f"refused: {e}")
+                kube.create(kinds.GPU_DEVICE, device("enormous", 9))
+            except ApiError as e:
+                print(f"refused: {e.message.split('denied the request: ')[-1]}")
 
-            say("a VMI asks for train-a, train-b and a template GPU together: the set is gathered on one node")
-            template_device(kube, NS, "vm-gpu-2", "a10")
-            names = ["train-a", "train-b", "vm-gpu-2"]
-            request_id = write_request(kube, NS, names, "vm")
-            answered = answer_of(kube, NS, names, request_id)
-            result = answered[0]["status"]["bindRequest"]
-            print(f"bind request {request_id}: {result['result']} {result.get('message', '')}")
+            say("a VMI names train-a, train-b and a template GPU: the set is gathered on one node")
+            refs = [{"device": "train-a"}, {"device": "train-b"}, {"deviceTemplate": {"className": "a10", "count": 1}}]
+            vmi = kube.create(kinds.VMI, vmi_body("trainer", refs))
+            pin = vmi["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            print(
+                "gpus:", ", ".join(f"{g['name']}={g['deviceName']}" for g in vmi["spec"]["domain"]["devices"]["gpus"])
+            )
+            print("pinned to:", pin["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
             show_devices(kube)
-            kube.delete(kinds.GPU_DEVICE, "vm-gpu-2", NS)
+
+            say("another VMI asks for train-a, which trainer holds: refused, with the reason")
+            try:
+                kube.create(kinds.VMI, vmi_body("intruder", [{"device": "train-a"}]))
+            except ApiError as e:
+                print(f"refused: {e.message.split('denied the request: ')[-1]}")
 
             say("GPUNodes: what each node holds")
             wait_for("accounting", lambda: len(kube.list(kinds.GPU_NODE)) == 2)
@@ -108,6 +130,9 @@ def main() -> int:
             for event in operator.events("bind.answered"):
                 print(f"bind.answered {event['result']} node={event['node']} moved={event['moved']} "
                       f"in {event['duration_ms']} ms")  # fmt: skip
+            for event in operator.events("vmi.admitted") + operator.events("vmi.refused"):
+                print(f"{event['event']} vmi={event['vmi']} {event.get('node') or event.get('reason')}"
+                      f" in {event['duration_ms']} ms")  # fmt: skip
         finally:
             operator.stop()
         say("stopping the operator and the control plane")
