@@ -8,7 +8,7 @@ from typing import Any
 
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, LABEL_TEMPLATE_DEVICE
 from cozygpu.kube import kinds
-from cozygpu.kube.adapter import Body, Kube
+from cozygpu.kube.adapter import Body, Conflict, Kube
 
 A10 = "nvidia.com/GA102GL_A10"
 
@@ -78,3 +78,15 @@ def leftovers(kube: Kube, namespace: str, vmi: str) -> list[str]:
         if name.startswith(f"{vmi}-gpu-") and d["metadata"].get("labels", {}).get(LABEL_TEMPLATE_DEVICE) == "true":
             found.append(f"{name}: template device")
     return found
+
+
+def update(kube: Kube, kind: kinds.Kind, name: str, change: Any, namespace: str | None = None) -> Body:
+    """Read, change, replace; again on a conflict (the operator writes our objects too)."""
+    for _ in range(10):
+        body = kube.get(kind, name, namespace)
+        change(body)
+        try:
+            return kube.replace(kind, body)
+        except Conflict:
+            continue
+    raise AssertionError(f"{kind.kind} {name} kept changing")

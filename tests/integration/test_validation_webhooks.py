@@ -14,7 +14,7 @@ from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import OPERATOR_USER, Gpu, GPUNodeFactory
-from tests.helpers import gpu_class_body, gpu_device_body, unique
+from tests.helpers import gpu_class_body, gpu_device_body, unique, update
 
 pytestmark = pytest.mark.integration
 
@@ -84,16 +84,13 @@ def test_only_the_operator_creates_or_relabels_template_devices(
     assert "only the GPU operator may create devices labelled" in denied(kube, labelled)
     as_operator = Kube.from_kubeconfig(control_plane.write_kubeconfig(tmp_path / "kc", user=OPERATOR_USER))
     as_operator.create(kinds.GPU_DEVICE, labelled)
-    created = kube.get(kinds.GPU_DEVICE, "vm-gpu-0", namespace)
-    created["metadata"]["labels"] = {}
     with pytest.raises(ApiError, match="only the GPU operator may add, change or remove the label"):
-        kube.replace(kinds.GPU_DEVICE, created)
+        update(kube, kinds.GPU_DEVICE, "vm-gpu-0", lambda b: b["metadata"].update(labels={}), namespace)
     kube.create(kinds.GPU_DEVICE, gpu_device_body("plain", namespace, gpu.cls))
     wait_for("plain placed", lambda: kube.get(kinds.GPU_DEVICE, "plain", namespace).get("status", {}).get("phase"))
-    plain = kube.get(kinds.GPU_DEVICE, "plain", namespace)
-    plain["metadata"]["labels"] = {"gpu.cozystack.io/template-device": "true"}
+    label = {"gpu.cozystack.io/template-device": "true"}
     with pytest.raises(ApiError, match="only the GPU operator may add, change or remove the label"):
-        kube.replace(kinds.GPU_DEVICE, plain)
+        update(kube, kinds.GPU_DEVICE, "plain", lambda b: b["metadata"].update(labels=label), namespace)
 
 
 def test_a_class_resource_name_is_fixed_while_devices_name_it(
@@ -103,15 +100,16 @@ def test_a_class_resource_name_is_fixed_while_devices_name_it(
     gpu_node({gpu.resource: 2}, name=f"n-{gpu.cls}")
     kube.create(kinds.GPU_DEVICE, gpu_device_body("d", namespace, gpu.cls))
     wait_for("device seen", lambda: kube.get(kinds.GPU_DEVICE, "d", namespace).get("status", {}).get("phase"))
-    cls = kube.get(kinds.GPU_CLASS, gpu.cls)
-    cls["spec"]["resourceName"] = "example.com/elsewhere"
+
+    def move(body: dict[str, Any], to: str) -> None:
+        body["spec"]["resourceName"] = to
+
     with pytest.raises(ApiError, match=f"GPUClass {gpu.cls}: spec.resourceName cannot change while 1 GPUDevices"):
-        kube.replace(kinds.GPU_CLASS, cls)
+        update(kube, kinds.GPU_CLASS, gpu.cls, lambda b: move(b, "example.com/elsewhere"))
     free = unique("free")
     kube.create(kinds.GPU_CLASS, gpu_class_body(free, "example.com/one"))
-    body = kube.get(kinds.GPU_CLASS, free)
-    body["spec"]["resourceName"] = "example.com/two"
-    assert kube.replace(kinds.GPU_CLASS, body)["spec"]["resourceName"] == "example.com/two"
+    updated = update(kube, kinds.GPU_CLASS, free, lambda b: move(b, "example.com/two"))
+    assert updated["spec"]["resourceName"] == "example.com/two"
     kube.delete(kinds.GPU_CLASS, free)
 
 

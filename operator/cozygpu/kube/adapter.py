@@ -253,6 +253,9 @@ class AsyncKube:
     async def replace_status(self, kind: Kind, body: Body) -> Body:
         return await self._run(self.sync.replace_status, kind, body)
 
+    async def replace(self, kind: Kind, body: Body) -> Body:
+        return await self._run(self.sync.replace, kind, body)
+
     async def patch(
         self,
         kind: Kind,

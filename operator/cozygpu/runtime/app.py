@@ -22,6 +22,8 @@ from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
 from cozygpu.runtime import webhooks
 from cozygpu.runtime.accountant import Accountant
 from cozygpu.runtime.binder import Binder
+from cozygpu.runtime.collector import Collector
+from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.health import HealthServer
 from cozygpu.runtime.reservations import Reservations
 from cozygpu.runtime.validation import Denied, Validation
@@ -33,7 +35,7 @@ from cozygpu.state.cluster import Cluster
 log = structlog.get_logger("cozygpu.operator")
 
 # Every kind the view holds, listed once at start-up and watched after.
-WATCHED = ("GPUClass", "GPUDevice", "GPUBudget", "GPUNode", "Node", "Namespace", "KubeVirt")
+WATCHED = ("GPUClass", "GPUDevice", "GPUBudget", "GPUNode", "Node", "Namespace", "KubeVirt", "VirtualMachineInstance")
 
 
 def _free_port(host: str) -> int:
@@ -51,6 +53,7 @@ class Operator:
         self.cluster = Cluster()
         self.waiters = Waiters()
         self.reservations = Reservations(ttl=settings.webhook_timeout + 10)
+        self.events = Recorder(self.kube)
         self.accountant = Accountant(self.cluster, self.kube)
         self.binder = Binder(
             self.cluster,
@@ -58,6 +61,15 @@ class Operator:
             incomplete_after=settings.bind_timeout,
             on_write=self._written,
             reserved=self.reservations.orders,
+            events=self.events,
+        )
+        self.collector = Collector(
+            self.cluster,
+            self.kube,
+            self.events,
+            grace=settings.grace_period,
+            sweep_interval=settings.sweep_interval,
+            on_write=self._written,
         )
         self.vmis = VMIAdmission(
             self.cluster,
@@ -101,8 +113,13 @@ class Operator:
                 else:
                     c.upsert_device(body)
                     self.reservations.seen(namespace, name)
+                    self.collector.touch_device(namespace, name)
             case "GPUClass":
                 c.remove_class(name) if deleted else c.upsert_class(body)
+                self.collector.touch_class(name)
+            case "VirtualMachineInstance":
+                c.remove_vmi(namespace, name) if deleted else c.upsert_vmi(body)
+                self.collector.touch_vmi(namespace, name)
             case "GPUBudget":
                 c.remove_budget(namespace, name) if deleted else c.upsert_budget(body)
             case "GPUNode":
@@ -192,7 +209,10 @@ class Operator:
                 self.on_event(kind, {"type": None, "object": item})
         self.validation.operator_user = await self.kube.whoami()
         self.synced = True
-        self._tasks = [asyncio.create_task(self.accountant.run(), name="accountant")]
+        self._tasks = [
+            asyncio.create_task(self.accountant.run(), name="accountant"),
+            asyncio.create_task(self.collector.run(), name="collector"),
+        ]
         if self.settings.binder:
             self._tasks.append(asyncio.create_task(self.binder.run(), name="binder"))
         if self.settings.webhook_mode != "off":

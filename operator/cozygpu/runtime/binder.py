@@ -25,6 +25,7 @@ from cozygpu.decisions.placement import NoPlacement, Placement, place
 from cozygpu.decisions.requests import Answer, Wait, assess
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import AsyncKube, Conflict, NotFound
+from cozygpu.runtime.events import Recorder
 from cozygpu.state.cluster import Cluster, DeviceKey
 
 log = structlog.get_logger("cozygpu.binder")
@@ -44,6 +45,7 @@ class Binder:
         on_write: Callable[[], None] = lambda: None,
         clock: Callable[[], dt.datetime] = utcnow,
         reserved: Callable[[], Sequence[Order]] = tuple,
+        events: Recorder | None = None,
     ) -> None:
         self._cluster = cluster
         self._kube = kube
@@ -51,6 +53,7 @@ class Binder:
         self._on_write = on_write
         self._clock = clock
         self._reserved = reserved
+        self._events = events
         self._wake = asyncio.Event()
         # Capacity generation at a device's last failed placement: retry only when it moves.
         self._tried_at: dict[DeviceKey, int] = {}
@@ -118,6 +121,16 @@ class Binder:
                 # Someone wrote first; the view now holds their version and the next pass decides again.
                 log.info("bind.retry", request_id=request.id, namespace=answer.namespace, device=device.name)
                 return
+            if isinstance(outcome, NoPlacement):
+                self._post(device, "Failed", f"VMI {request.vmi}: {outcome.message}")
+            elif device.holds_gpus and device.status.node_name != outcome.node:
+                self._post(
+                    device,
+                    "Moved",
+                    f"moved from node {device.status.node_name} to {outcome.node} for VMI {request.vmi}",
+                )
+            elif not device.holds_gpus:
+                self._post(device, "Bound", f"bound on node {outcome.node} for VMI {request.vmi}")
         placed = isinstance(outcome, Placement)
         log.info(
             "bind.answered",
@@ -144,6 +157,7 @@ class Binder:
                     why = f"node {node} is gone"
                     if await self._write(transitions.lost(device, why, self._clock())):
                         log.info("device.lost", namespace=device.namespace, device=device.name, node=node)
+                        self._post(device, "Lost", why)
 
     def _placeable(self, device: GPUDevice) -> bool:
         request = device.status.bind_request
@@ -190,6 +204,7 @@ class Binder:
             if isinstance(outcome, Placement):
                 if await self._write(transitions.bound(current, outcome.node, self._clock())):
                     self._tried_at.pop(key, None)
+                    self._post(current, "Bound", f"bound on node {outcome.node}")
                     log.info("device.bound", namespace=key[0], device=key[1], node=outcome.node,
                              phase_was=str(current.status.phase))  # fmt: skip
                 continue
@@ -202,6 +217,10 @@ class Binder:
         return False
 
     # -- writes ----------------------------------------------------------------
+
+    def _post(self, device: GPUDevice, reason: str, message: str) -> None:
+        if self._events is not None:
+            self._events.post(device, reason, message)
 
     async def _write(self, device: GPUDevice) -> bool:
         """Replace the device's status under its resourceVersion; False when someone wrote first."""

@@ -26,6 +26,7 @@ RESOURCES = {
     "Node": ("", "v1", "nodes"),
     "Namespace": ("", "v1", "namespaces"),
     "KubeVirt": (KUBEVIRT_GROUP, KUBEVIRT_VERSION, "kubevirts"),
+    "VirtualMachineInstance": (KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachineinstances"),
 }
 
 

@@ -26,6 +26,13 @@ def _rv(value: str | None) -> int:
         return 0
 
 
+def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
+    if value in index:
+        index[value].discard(key)
+        if not index[value]:
+            del index[value]
+
+
 def _newer(stored: str | None, incoming: str | None) -> bool:
     return stored is None or _rv(incoming) >= _rv(stored)
 
@@ -43,6 +50,10 @@ class Cluster:
         self._by_namespace: dict[str, set[DeviceKey]] = defaultdict(set)
         self._by_request: dict[str, set[DeviceKey]] = defaultdict(set)
         self._open_requests: dict[str, set[DeviceKey]] = defaultdict(set)
+        self._by_attachment: dict[DeviceKey, set[DeviceKey]] = defaultdict(set)  # (namespace, vmi) -> devices
+        self._by_class: dict[str, set[DeviceKey]] = defaultdict(set)
+        # VMIs with device references, by (namespace, name): their uid (§6).
+        self.vmis: dict[DeviceKey, str] = {}
         self._unbound: set[DeviceKey] = set()
         # Order of first sight: creation timestamps have one-second precision, so devices
         # created within a second are told apart by when the watch delivered them.
@@ -95,6 +106,9 @@ class Cluster:
         if device.status.node_name:
             self._by_node[device.status.node_name].add(key)
         self._by_namespace[key[0]].add(key)
+        self._by_class[device.spec.class_name].add(key)
+        if device.status.attached_to is not None:
+            self._by_attachment[(key[0], device.status.attached_to.vmi)].add(key)
         request = device.status.bind_request
         if request is not None:
             self._by_request[request.id].add(key)
@@ -106,16 +120,18 @@ class Cluster:
     def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
         self._unbound.discard(key)
         request = device.status.bind_request
+        attached = device.status.attached_to
+        if attached is not None:
+            _drop(self._by_attachment, (key[0], attached.vmi), key)
         for index, value in (
+            (self._by_class, device.spec.class_name),
             (self._by_node, device.status.node_name),
             (self._by_namespace, key[0]),
             (self._by_request, request.id if request else None),
             (self._open_requests, request.id if request and request.result is None else None),
         ):
-            if value is not None and value in index:
-                index[value].discard(key)
-                if not index[value]:
-                    del index[value]
+            if value is not None:
+                _drop(index, value, key)
 
     def device(self, namespace: str, name: str) -> GPUDevice | None:
         return self.devices.get((namespace, name))
@@ -134,6 +150,20 @@ class Cluster:
 
     def devices_of_request(self, request_id: str) -> list[GPUDevice]:
         return [self.devices[k] for k in self._by_request.get(request_id, ())]
+
+    def attached_to(self, namespace: str, vmi: str) -> list[GPUDevice]:
+        """Devices whose attachment names this VMI (any uid)."""
+        return [self.devices[k] for k in self._by_attachment.get((namespace, vmi), ())]
+
+    def devices_of_class(self, name: str) -> int:
+        return len(self._by_class.get(name, ()))
+
+    def upsert_vmi(self, body: dict[str, Any]) -> None:
+        meta = body.get("metadata", {})
+        self.vmis[(meta.get("namespace", ""), meta.get("name", ""))] = meta.get("uid", "")
+
+    def remove_vmi(self, namespace: str, name: str) -> None:
+        self.vmis.pop((namespace, name), None)
 
     def open_request_ids(self) -> list[str]:
         """Ids of bind requests that some device carries without a result."""

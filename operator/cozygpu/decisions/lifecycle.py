@@ -1,0 +1,123 @@
+"""Attachments, ownership, finalizers and garbage collection (§6), as pure decisions.
+
+`device_actions` says what one device needs given the view: record its VMI's uid,
+take that VMI as owner, detach from a VMI that is gone, delete a template device whose
+VMI is gone or never came, clear a stale request, keep the in-use finalizer exactly
+while a live VMI uses it. The collector (runtime.collector) calls it for the devices
+an event touches and, as a safety net, for all of them on a sweep.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from enum import Enum
+
+from cozygpu.api import GPUClass, GPUDevice
+from cozygpu.api.names import FINALIZER_IN_USE, LABEL_TEMPLATE_DEVICE, TRUE
+from cozygpu.state.cluster import Cluster
+
+
+class Do(Enum):
+    RECORD_UID = "record-uid"  # status: attachedTo.uid = the VMI's uid
+    OWN = "own"  # metadata: ownerReference to the VMI
+    ADD_FINALIZER = "add-finalizer"
+    REMOVE_FINALIZER = "remove-finalizer"
+    DETACH = "detach"  # status: no attachment, no request
+    CLEAR_REQUEST = "clear-request"  # status: no request (nor an attachment without a live VMI)
+    DELETE = "delete"  # a template device whose VMI is gone
+
+
+@dataclass(frozen=True)
+class Action:
+    do: Do
+    reason: str = ""
+    uid: str = ""  # the VMI's, for RECORD_UID and OWN
+
+
+def is_template(device: GPUDevice) -> bool:
+    return device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) == TRUE
+
+
+def vmi_owner(device: GPUDevice) -> str | None:
+    return next((o.uid for o in device.metadata.owner_references if o.kind == "VirtualMachineInstance"), None)
+
+
+def _expired(since: dt.datetime | None, now: dt.datetime, grace: dt.timedelta) -> bool:
+    return since is not None and now - since >= grace
+
+
+def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace: dt.timedelta) -> list[Action]:
+    """What the device needs now; an empty list when it is as it should be."""
+    namespace = device.namespace or ""
+    attached = device.status.attached_to
+    request = device.status.bind_request
+    live: str | None = cluster.vmis.get((namespace, attached.vmi)) if attached else None
+    owner = vmi_owner(device)
+    actions: list[Action] = []
+    in_use = False
+
+    if attached is not None:
+        if attached.uid is not None and attached.uid != live:
+            # §6.2: the VMI it was attached to is gone (a new one of the name is another VMI).
+            why = f"VMI {attached.vmi} is gone"
+            return [Action(Do.DELETE, why)] if is_template(device) else _detach(device, why)
+        if attached.uid is None and live is not None:
+            actions.append(Action(Do.RECORD_UID, f"VMI {attached.vmi} exists", live))  # §6.1
+            in_use = True
+        elif attached.uid is None:
+            if _expired(attached.since, now, grace):
+                # §6.3: the VMI never appeared (another admission refused it after ours answered).
+                why = f"VMI {attached.vmi} did not appear within the grace period"
+                return [Action(Do.DELETE, why)] if is_template(device) else _detach(device, why)
+        else:
+            in_use = True
+        ours = device.name.startswith(f"{attached.vmi}-gpu-")
+        if is_template(device) and owner is None and live is not None and ours:
+            actions.append(Action(Do.OWN, f"VMI {attached.vmi} owns it", live))
+    elif request is not None and request.result is None and _expired(request.requested_at, now, grace):
+        actions.append(Action(Do.CLEAR_REQUEST, "the bind request went unanswered"))  # §4
+
+    if attached is None and is_template(device):
+        gone = owner is not None and owner not in cluster.vmis.values()
+        orphan = owner is None and _expired(device.metadata.creation_timestamp, now, grace)
+        if gone or orphan:
+            return [Action(Do.DELETE, "its VMI is gone" if gone else "no VMI uses it")]  # §6.3
+
+    has = FINALIZER_IN_USE in device.metadata.finalizers
+    if in_use and not has and not device.deleting:
+        actions.append(Action(Do.ADD_FINALIZER, "attached to a VMI that exists"))  # §6.5
+    elif not in_use and has:
+        actions.append(Action(Do.REMOVE_FINALIZER, "no VMI that exists uses it"))
+    return actions
+
+
+def _detach(device: GPUDevice, why: str) -> list[Action]:
+    actions = [Action(Do.DETACH, why)]
+    if FINALIZER_IN_USE in device.metadata.finalizers:
+        actions.append(Action(Do.REMOVE_FINALIZER, why))
+    return actions
+
+
+def due(device: GPUDevice, grace: dt.timedelta) -> dt.datetime | None:
+    """When the device's grace period runs out, if something about it is waiting on one."""
+    attached = device.status.attached_to
+    request = device.status.bind_request
+    times = []
+    if attached is not None and attached.uid is None and attached.since is not None:
+        times.append(attached.since + grace)
+    if request is not None and request.result is None:
+        times.append(request.requested_at + grace)
+    if is_template(device) and attached is None and vmi_owner(device) is None and device.metadata.creation_timestamp:
+        times.append(device.metadata.creation_timestamp + grace)
+    return min(times) if times else None
+
+
+def class_action(cluster: Cluster, cls: GPUClass) -> Do | None:
+    """§6.5: a class keeps its finalizer until no device names it."""
+    has = FINALIZER_IN_USE in cls.metadata.finalizers
+    if not cls.deleting and not has:
+        return Do.ADD_FINALIZER
+    if cls.deleting and has and cluster.devices_of_class(cls.name) == 0:
+        return Do.REMOVE_FINALIZER
+    return None
