@@ -1,0 +1,198 @@
+"""§6 through the real API server: VMIs come and go, devices follow, nothing leaks, nothing in use vanishes.
+
+After every scenario the namespace is checked for stale attachments, requests and
+template devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import ApiError, Kube
+from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
+from tests.denier import DENY_LABEL, denying_webhook
+from tests.helpers import gpu_device_body, vmi_body
+
+pytestmark = pytest.mark.integration
+
+GRACE = 3
+
+
+@pytest.fixture(scope="module")
+def lifecycle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(tmp_path_factory.mktemp("lifecycle"))
+
+
+@pytest.fixture(scope="module")
+def operator_(control_plane: ControlPlane, lifecycle_dir: Path) -> Iterator[OperatorProcess]:
+    """The whole operator with a short grace period, so collection is visible within a test."""
+    process = start_admitting_operator(
+        control_plane, lifecycle_dir, "--grace-period", str(GRACE), "--sweep-interval", "2", "--bind-timeout", "5"
+    )
+    yield process
+    process.stop()
+
+
+def stale(kube: Kube, namespace: str) -> list[str]:
+    """Attachments or requests without a live VMI, unanswered requests, template devices without their VMI."""
+    vmis = {v["metadata"]["name"]: v["metadata"]["uid"] for v in kube.list(kinds.VMI, namespace)}
+    found = []
+    for d in kube.list(kinds.GPU_DEVICE, namespace):
+        name, status = d["metadata"]["name"], d.get("status", {})
+        attached = status.get("attachedTo")
+        if attached and vmis.get(attached["vmi"]) != attached.get("uid"):
+            found.append(f"{name}: attached to {attached['vmi']} which is not there")
+        request = status.get("bindRequest")
+        if request and not request.get("result"):
+            found.append(f"{name}: unanswered request")
+        if d["metadata"].get("labels", {}).get("gpu.cozystack.io/template-device") == "true":
+            owners = [o["uid"] for o in d["metadata"].get("ownerReferences", [])]
+            if not owners or owners[0] not in vmis.values():
+                found.append(f"{name}: template device without its VMI")
+    return found
+
+
+def clean(kube: Kube, namespace: str) -> None:
+    wait_for("nothing stale", lambda: not stale(kube, namespace), timeout=GRACE + 15)
+
+
+def bound_held(kube: Kube, namespace: str, name: str, cls: str) -> str:
+    kube.create(kinds.GPU_DEVICE, gpu_device_body(name, namespace, cls))
+    return str(wait_for(f"{name} bound", lambda: status(kube, namespace, name).get("nodeName")))
+
+
+def status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = kube.get(kinds.GPU_DEVICE, name, namespace).get("status", {})
+    return result
+
+
+def test_vm_start_stop_cycles_keep_a_held_device_on_its_node(
+    operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """Create, delete, create again: the held device stays Bound where it was and is free between runs."""
+    gpu_node({gpu.resource: 2}, name=f"cyc-{gpu.cls}")
+    node = bound_held(kube, namespace, "h", gpu.cls)
+    uids = []
+    for _ in range(3):
+        vmi = kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h"}]))
+        uids.append(vmi["metadata"]["uid"])
+        recorded = wait_for("uid recorded", lambda: status(kube, namespace, "h")["attachedTo"].get("uid"))
+        assert recorded == vmi["metadata"]["uid"]
+        device = kube.get(kinds.GPU_DEVICE, "h", namespace)
+        assert "gpu.cozystack.io/in-use-protection" in device["metadata"]["finalizers"]
+        kube.delete(kinds.VMI, "vm", namespace)
+        wait_for("detached", lambda: "attachedTo" not in status(kube, namespace, "h"))
+        assert (status(kube, namespace, "h")["phase"], status(kube, namespace, "h")["nodeName"]) == ("Bound", node)
+        assert not kube.get(kinds.GPU_DEVICE, "h", namespace)["metadata"].get("finalizers")
+    assert len(set(uids)) == 3
+    clean(kube, namespace)
+
+
+def test_a_template_device_follows_its_vmi(
+    operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§6.1/§6.2: owned by its VMI once it exists, deleted when the VMI goes."""
+    gpu_node({gpu.resource: 2}, name=f"tpl-{gpu.cls}")
+    vmi = kube.create(kinds.VMI, vmi_body("vm", namespace, [{"deviceTemplate": {"className": gpu.cls, "count": 2}}]))
+
+    def owner() -> str | None:
+        refs = kube.get(kinds.GPU_DEVICE, "vm-gpu-0", namespace)["metadata"].get("ownerReferences") or []
+        return refs[0]["uid"] if refs else None
+
+    assert wait_for("owned", owner) == vmi["metadata"]["uid"]
+    kube.delete(kinds.VMI, "vm", namespace)
+    wait_for("template gone", lambda: kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-0", namespace) is None)
+    clean(kube, namespace)
+
+
+def test_a_vmi_refused_after_our_answer_leaves_nothing_after_the_grace_period(
+    operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
+) -> None:
+    """§6.3: a later webhook denies the VMI; the collector clears the attachment and deletes the template."""
+    gpu_node({gpu.resource: 2}, name=f"deny-{gpu.cls}")
+    bound_held(kube, namespace, "h", gpu.cls)
+    refs = [{"device": "h"}, {"deviceTemplate": {"className": gpu.cls, "count": 1}}]
+    with denying_webhook(kube, tmp_path), pytest.raises(ApiError, match="denied by the test's second webhook"):
+        kube.create(kinds.VMI, vmi_body("vm", namespace, refs, labels={DENY_LABEL: "true"}))
+    assert status(kube, namespace, "h")["attachedTo"]["vmi"] == "vm"  # our webhook had answered
+    assert kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-1", namespace) is not None
+    wait_for("attachment cleared", lambda: "attachedTo" not in status(kube, namespace, "h"), timeout=GRACE + 10)
+    wait_for("template deleted", lambda: kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-1", namespace) is None)
+    assert status(kube, namespace, "h")["phase"] == "Bound"
+    clean(kube, namespace)
+
+
+def test_deleting_an_attached_device_waits_for_the_vmi(
+    operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§6.5: the in-use finalizer holds the device while the VMI exists; it goes when the VMI does."""
+    gpu_node({gpu.resource: 2}, name=f"fin-{gpu.cls}")
+    bound_held(kube, namespace, "h", gpu.cls)
+    kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h"}]))
+    wait_for("protected", lambda: kube.get(kinds.GPU_DEVICE, "h", namespace)["metadata"].get("finalizers"))
+    kube.delete(kinds.GPU_DEVICE, "h", namespace)
+    still = kube.get(kinds.GPU_DEVICE, "h", namespace)
+    assert still["metadata"]["deletionTimestamp"]
+    assert still["status"]["phase"] == "Bound"
+    kube.delete(kinds.VMI, "vm", namespace)
+    wait_for("device gone", lambda: kube.get_or_none(kinds.GPU_DEVICE, "h", namespace) is None)
+    clean(kube, namespace)
+
+
+def test_a_class_stays_until_no_device_names_it(
+    operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§6.5: deleting a used class waits; it takes no new orders meanwhile; it goes with its last device."""
+    gpu_node({gpu.resource: 2}, name=f"cls-{gpu.cls}")
+    bound_held(kube, namespace, "h", gpu.cls)
+    wait_for("class protected", lambda: kube.get(kinds.GPU_CLASS, gpu.cls)["metadata"].get("finalizers"))
+    kube.delete(kinds.GPU_CLASS, gpu.cls)
+    assert kube.get(kinds.GPU_CLASS, gpu.cls)["metadata"]["deletionTimestamp"]
+    wait_for("view sees the deletion", lambda: _refused_order(kube, namespace, gpu))
+    kube.delete(kinds.GPU_DEVICE, "h", namespace)
+    wait_for("class gone", lambda: kube.get_or_none(kinds.GPU_CLASS, gpu.cls) is None)
+
+
+def _refused_order(kube: Kube, namespace: str, gpu: Gpu) -> bool:
+    try:
+        kube.create(kinds.GPU_DEVICE, gpu_device_body("late", namespace, gpu.cls), dry_run=True)
+    except ApiError as e:
+        return "is being deleted and takes no new orders" in e.message
+    return False
+
+
+def test_an_operator_restart_in_the_middle_leaves_nothing_stuck(
+    control_plane: ControlPlane, operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu,
+    gpu_node: GPUNodeFactory,
+) -> None:  # fmt: skip
+    """Killed with a VMI running, the VMI deleted while it is down: after restart the sweep detaches and deletes."""
+    gpu_node({gpu.resource: 3}, name=f"rs-{gpu.cls}")
+    bound_held(kube, namespace, "h", gpu.cls)
+    refs = [{"device": "h"}, {"deviceTemplate": {"className": gpu.cls, "count": 1}}]
+    kube.create(kinds.VMI, vmi_body("vm", namespace, refs))
+    wait_for("recorded", lambda: status(kube, namespace, "h")["attachedTo"].get("uid"))
+    operator_.kill()
+    kube.delete(kinds.VMI, "vm", namespace)
+    operator_.start()
+    wait_for("detached", lambda: "attachedTo" not in status(kube, namespace, "h"))
+    wait_for("template deleted", lambda: kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-1", namespace) is None)
+    clean(kube, namespace)
+    # And the other way round: killed between admission and the VMI's own event.
+    operator_.kill()
+    operator_.start()
+    vmi = kube.create(kinds.VMI, vmi_body("vm2", namespace, [{"device": "h"}]))
+    operator_.kill()
+    operator_.start()
+    assert (
+        wait_for("recorded after restart", lambda: status(kube, namespace, "h")["attachedTo"].get("uid"))
+        == (vmi["metadata"]["uid"])
+    )
+    kube.delete(kinds.VMI, "vm2", namespace)
+    clean(kube, namespace)

@@ -1,0 +1,114 @@
+"""§6 decisions: what a device needs as its VMI appears, goes, or never comes."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from cozygpu.api import GPUClass, GPUDevice
+from cozygpu.api.names import FINALIZER_IN_USE
+from cozygpu.decisions.lifecycle import Action, Do, class_action, device_actions, due
+from cozygpu.state.cluster import Cluster
+from tests.builders import EPOCH, cluster, device, gpu_class
+
+GRACE = dt.timedelta(minutes=2)
+SOON = EPOCH + dt.timedelta(seconds=10)
+LATE = EPOCH + dt.timedelta(minutes=5)
+
+
+def attached(vmi: str = "vm", uid: str | None = None, **kw: Any) -> dict[str, Any]:
+    a: dict[str, Any] = {"vmi": vmi, "since": EPOCH.isoformat()}
+    if uid:
+        a["uid"] = uid
+    return device("d", phase="Bound", node_name="n1", status={"attachedTo": a}, **kw)
+
+
+def with_vmi(uid: str | None) -> Cluster:
+    c = cluster()
+    if uid:
+        c.upsert_vmi({"metadata": {"name": "vm", "namespace": "t1", "uid": uid}})
+    return c
+
+
+def dos(actions: list[Action]) -> list[Do]:
+    return [a.do for a in actions]
+
+
+def test_a_vmi_that_appears_is_recorded_and_protects_its_device() -> None:
+    """§6.1/§6.5: its uid goes on the attachment and the in-use finalizer on the device."""
+    actions = device_actions(with_vmi("u1"), GPUDevice.from_wire(attached()), SOON, GRACE)
+    assert dos(actions) == [Do.RECORD_UID, Do.ADD_FINALIZER]
+    assert actions[0].uid == "u1"
+
+
+def test_a_template_device_gets_its_vmi_as_owner() -> None:
+    """§6.1: a template device of the VMI, named after it, is owned by it."""
+    body = attached(template=True)
+    body["metadata"]["name"] = "vm-gpu-0"
+    actions = device_actions(with_vmi("u1"), GPUDevice.from_wire(body), SOON, GRACE)
+    assert Do.OWN in dos(actions)
+
+
+def test_a_deleted_vmi_detaches_held_and_deletes_template_devices() -> None:
+    """§6.2: matched by uid; a new VMI of the same name (another uid) does not keep them."""
+    held = attached(uid="u1")
+    held["metadata"]["finalizers"] = [FINALIZER_IN_USE]
+    assert dos(device_actions(with_vmi(None), GPUDevice.from_wire(held), SOON, GRACE)) == [
+        Do.DETACH,
+        Do.REMOVE_FINALIZER,
+    ]
+    assert dos(device_actions(with_vmi("u2"), GPUDevice.from_wire(held), SOON, GRACE)) == [
+        Do.DETACH,
+        Do.REMOVE_FINALIZER,
+    ]
+    template = attached(uid="u1", template=True)
+    assert dos(device_actions(with_vmi(None), GPUDevice.from_wire(template), SOON, GRACE)) == [Do.DELETE]
+
+
+def test_an_attachment_whose_vmi_never_came_is_cleared_after_the_grace_period() -> None:
+    """§6.3: within the grace period it waits (the VMI may be on its way); after, it goes."""
+    body = GPUDevice.from_wire(attached())
+    assert device_actions(with_vmi(None), body, SOON, GRACE) == []
+    assert dos(device_actions(with_vmi(None), body, LATE, GRACE)) == [Do.DETACH]
+    template = GPUDevice.from_wire(attached(template=True))
+    assert dos(device_actions(with_vmi(None), template, LATE, GRACE)) == [Do.DELETE]
+
+
+def test_a_stale_unanswered_request_is_cleared() -> None:
+    """§4: a request without a result older than the grace period is stale."""
+    r = {"bindRequest": {"id": "r", "vmi": "vm", "devices": ["d"], "requestedAt": EPOCH.isoformat()}}
+    body = GPUDevice.from_wire(device("d", status=r))
+    assert device_actions(cluster(), body, SOON, GRACE) == []
+    assert dos(device_actions(cluster(), body, LATE, GRACE)) == [Do.CLEAR_REQUEST]
+
+
+def test_an_orphan_template_device_is_deleted_after_the_grace_period() -> None:
+    """§6.3: no owner and attached to no VMI: deleted once the grace period has passed since creation."""
+    body = GPUDevice.from_wire(device("vm-gpu-0", template=True))
+    assert device_actions(cluster(), body, SOON, GRACE) == []
+    assert dos(device_actions(cluster(), body, LATE, GRACE)) == [Do.DELETE]
+    assert due(body, GRACE) == EPOCH + GRACE
+
+
+def test_a_finalizer_without_a_live_vmi_is_removed() -> None:
+    """§6.5: the finalizer is there exactly while a VMI that exists uses the device."""
+    body = device("d", phase="Bound", node_name="n1")
+    body["metadata"]["finalizers"] = [FINALIZER_IN_USE, "other/keep"]
+    assert dos(device_actions(cluster(), GPUDevice.from_wire(body), SOON, GRACE)) == [Do.REMOVE_FINALIZER]
+
+
+def test_an_attached_and_recorded_device_needs_nothing() -> None:
+    """Steady state: attached to a live VMI by uid, finalizer in place."""
+    body = attached(uid="u1")
+    body["metadata"]["finalizers"] = [FINALIZER_IN_USE]
+    assert device_actions(with_vmi("u1"), GPUDevice.from_wire(body), LATE, GRACE) == []
+
+
+def test_a_class_keeps_its_finalizer_until_no_device_names_it() -> None:
+    """§6.5: added to every class; removed once the class is being deleted and unused."""
+    assert class_action(cluster(), GPUClass.from_wire(gpu_class("a10"))) is Do.ADD_FINALIZER
+    deleting = gpu_class("a10")
+    deleting["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z", finalizers=[FINALIZER_IN_USE])
+    used = cluster(devices=[device("d", "a10")])
+    assert class_action(used, GPUClass.from_wire(deleting)) is None
+    assert class_action(cluster(), GPUClass.from_wire(deleting)) is Do.REMOVE_FINALIZER
