@@ -18,7 +18,7 @@ from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.denier import DENY_LABEL, denying_webhook
-from tests.helpers import gpu_device_body, vmi_body
+from tests.helpers import gpu_device_body, update, vmi_body
 
 pytestmark = pytest.mark.integration
 
@@ -196,3 +196,57 @@ def test_an_operator_restart_in_the_middle_leaves_nothing_stuck(
     )
     kube.delete(kinds.VMI, "vm2", namespace)
     clean(kube, namespace)
+
+
+def test_budget_and_class_status_follow_use(
+    operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§1.4: used and OverBudget when a budget is lowered below what is held (kept); §1.1 class status."""
+    gpu_node({gpu.resource: 4}, name=f"use-{gpu.cls}")
+    kube.create(kinds.GPU_BUDGET, {"apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUBudget",
+                                   "metadata": {"name": "cap", "namespace": namespace},
+                                   "spec": {"limits": {gpu.cls: 3}}})  # fmt: skip
+    bound_held(kube, namespace, "a", gpu.cls)
+    bound_held(kube, namespace, "b", gpu.cls)
+
+    def budget_used() -> int:
+        return int(kube.get(kinds.GPU_BUDGET, "cap", namespace).get("status", {}).get("usedTotal", 0))
+
+    wait_for("used 2", lambda: budget_used() == 2)
+    assert kube.get(kinds.GPU_BUDGET, "cap", namespace)["status"]["used"] == {gpu.cls: 2}
+    update(kube, kinds.GPU_BUDGET, "cap", lambda b: b["spec"].update(limits={gpu.cls: 1}), namespace)
+
+    def over() -> dict[str, Any] | None:
+        conditions = kube.get(kinds.GPU_BUDGET, "cap", namespace).get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "OverBudget" and c["status"] == "True"), None)
+
+    assert f"GPUClass {gpu.cls}: 2 used, limit 1" in wait_for("OverBudget", over)["message"]
+    assert status(kube, namespace, "a")["phase"] == "Bound"
+
+    def class_free() -> dict[str, Any] | None:
+        s = kube.get(kinds.GPU_CLASS, gpu.cls).get("status", {})
+        return s if s.get("held") == 2 else None
+
+    cls = wait_for("class status", class_free)
+    assert (cls["nodes"], cls["allocatable"], cls["free"]) == ([f"use-{gpu.cls}"], 4, 2)
+
+
+def test_devices_carry_events_of_what_happened_to_them(
+    operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§10: Bound, Released and Lost Events on the GPUDevice (Lost as a Warning)."""
+    node = gpu_node({gpu.resource: 1}, name=f"ev-{gpu.cls}")["metadata"]["name"]
+    bound_held(kube, namespace, "h", gpu.cls)
+    kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h"}]))
+    wait_for("recorded", lambda: status(kube, namespace, "h")["attachedTo"].get("uid"))
+    kube.delete(kinds.VMI, "vm", namespace)
+    wait_for("detached", lambda: "attachedTo" not in status(kube, namespace, "h"))
+    kube.delete(kinds.NODE, node)
+    wait_for("lost", lambda: status(kube, namespace, "h").get("phase") == "Lost")
+
+    def reasons() -> set[str]:
+        return {e["reason"] for e in kube.list(kinds.kind("Event"), namespace) if e["involvedObject"]["name"] == "h"}
+
+    assert wait_for("events", lambda: {"Bound", "Released", "Lost"} <= reasons() and reasons())
+    lost = next(e for e in kube.list(kinds.kind("Event"), namespace) if e["reason"] == "Lost")
+    assert (lost["type"], lost["involvedObject"]["kind"]) == ("Warning", "GPUDevice")

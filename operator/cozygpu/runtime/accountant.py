@@ -1,20 +1,24 @@
-"""The node accountant (§1.3, §8.3): keeps every GPUNode's status current.
+"""The accountant (§1.3, §8.3, §1.4, §1.1): keeps GPUNode, GPUBudget and GPUClass status current.
 
-Drains the nodes the cluster view marked dirty, computes their status with
-`decisions.nodestatus` and writes only what changed: creating a GPUNode for a node
-that starts serving a class, deleting it when nothing is left to say.
+Drains the nodes and namespaces the cluster view marked dirty, computes status with
+`decisions.nodestatus` and `decisions.usestatus`, and writes only what changed:
+creating a GPUNode for a node that starts serving a class, deleting it when nothing
+is left to say.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import structlog
 
-from cozygpu.api import GPUNode
+from cozygpu.api import ConditionStatus, GPUNode
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import API_VERSION
+from cozygpu.decisions.budgets import covering_budgets
 from cozygpu.decisions.nodestatus import gpunode_status
+from cozygpu.decisions.usestatus import budget_status, class_status
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict, NotFound
 from cozygpu.state.cluster import Cluster
@@ -41,6 +45,7 @@ class Accountant:
         while True:
             self._wake.clear()
             dirty, self._cluster.dirty_nodes = self._cluster.dirty_nodes | self._retry, set()
+            namespaces, self._cluster.dirty_namespaces = self._cluster.dirty_namespaces, set()
             self._retry = set()
             for name in sorted(dirty):
                 try:
@@ -48,10 +53,44 @@ class Accountant:
                 except ApiError as e:
                     log.warning("gpunode.write_failed", node=name, error=e.message)
                     self._retry.add(name)
+            if dirty or namespaces:
+                await self._sync_use(namespaces)
             if self._retry:
                 await asyncio.sleep(1.0)
                 continue
             await self._wake.wait()
+
+    async def _sync_use(self, namespaces: set[str]) -> None:
+        """Budgets covering the changed namespaces, and every class (few, and cheap to compare)."""
+        budgets = {(b.namespace or "", b.name): b for ns in namespaces for b in covering_budgets(self._cluster, ns)}
+        for key, budget in sorted(budgets.items()):
+            status = budget_status(self._cluster, budget, utcnow())
+            if status.model_dump(mode="json") == budget.status.model_dump(mode="json"):
+                continue
+            await self._write_status(kinds.GPU_BUDGET, budget.model_copy(update={"status": status}).wire(),
+                                     self._cluster.upsert_budget)  # fmt: skip
+            was = [c.status for c in budget.status.conditions]
+            now_over = status.conditions[0]
+            if now_over.status is ConditionStatus.TRUE and ConditionStatus.TRUE not in was:
+                log.info("budget.over", namespace=key[0], budget=key[1], message=now_over.message)
+        for cls in sorted(self._cluster.classes.values(), key=lambda c: c.name):
+            wanted = class_status(self._cluster, cls)
+            if wanted.model_dump(mode="json") != cls.status.model_dump(mode="json"):
+                await self._write_status(kinds.GPU_CLASS, cls.model_copy(update={"status": wanted}).wire(),
+                                         self._cluster.upsert_class)  # fmt: skip
+
+    async def _write_status(
+        self, kind: kinds.Kind, body: dict[str, object], seen: Callable[[dict[str, object]], None]
+    ) -> None:
+        try:
+            seen(await self._kube.replace_status(kind, body))
+        except (Conflict, NotFound):
+            # Someone wrote first (or it is gone): its watch event marks it dirty again.
+            meta = body["metadata"]
+            assert isinstance(meta, dict)
+            self._cluster.dirty_namespaces.add(str(meta.get("namespace") or ""))
+        except ApiError as e:
+            log.warning("status.write_failed", kind=kind.kind, error=e.message)
 
     async def _sync(self, name: str) -> None:
         existing = self._cluster.gpunodes.get(name)

@@ -66,6 +66,8 @@ class Cluster:
         self.capacity_generation = 0
         # Nodes whose GPUNode status may have changed; the node accountant drains it.
         self.dirty_nodes: set[str] = set()
+        # Namespaces whose devices changed: the budgets covering them need their status again.
+        self.dirty_namespaces: set[str] = set()
 
     # -- devices -----------------------------------------------------------
 
@@ -99,8 +101,10 @@ class Cluster:
 
     def _touch(self, old: GPUDevice | None, new: GPUDevice | None) -> None:
         for d in (old, new):
-            if d is not None and d.status.node_name:
-                self.dirty_nodes.add(d.status.node_name)
+            if d is not None:
+                self.dirty_namespaces.add(d.namespace or "")
+                if d.status.node_name:
+                    self.dirty_nodes.add(d.status.node_name)
 
     def _index(self, key: DeviceKey, device: GPUDevice) -> None:
         if device.status.node_name:
@@ -206,6 +210,7 @@ class Cluster:
         old = self.budgets.get(key)
         if old is None or _newer(old.metadata.resource_version, budget.metadata.resource_version):
             self.budgets[key] = budget
+            self.dirty_namespaces.add(key[0])
 
     def remove_budget(self, namespace: str, name: str) -> None:
         self.budgets.pop((namespace, name), None)
@@ -242,6 +247,7 @@ class Cluster:
     def upsert_namespace(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
         self.namespaces[meta.get("name", "")] = dict(meta.get("labels") or {})
+        self.dirty_namespaces.add(meta.get("name", ""))
 
     def remove_namespace(self, name: str) -> None:
         self.namespaces.pop(name, None)
