@@ -85,8 +85,13 @@ def test_vm_start_stop_cycles_keep_a_held_device_on_its_node(
         uids.append(vmi["metadata"]["uid"])
         recorded = wait_for("uid recorded", lambda: status(kube, namespace, "h")["attachedTo"].get("uid"))
         assert recorded == vmi["metadata"]["uid"]
-        device = kube.get(kinds.GPU_DEVICE, "h", namespace)
-        assert "gpu.cozystack.io/in-use-protection" in device["metadata"]["finalizers"]
+        wait_for(
+            "protected",
+            lambda: (
+                "gpu.cozystack.io/in-use-protection"
+                in (kube.get(kinds.GPU_DEVICE, "h", namespace)["metadata"].get("finalizers") or [])
+            ),
+        )
         kube.delete(kinds.VMI, "vm", namespace)
         wait_for("detached", lambda: "attachedTo" not in status(kube, namespace, "h"))
         assert (status(kube, namespace, "h")["phase"], status(kube, namespace, "h")["nodeName"]) == ("Bound", node)

@@ -6,17 +6,18 @@ import base64
 import json
 import tempfile
 import uuid
+from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import pytest
 import requests
 
-from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
+from tests.conftest import Gpu, GPUNodeFactory
+from tests.denier import RELABEL_LABEL, labelling_webhook
 from tests.helpers import vmi_body
 
 pytestmark = pytest.mark.integration
@@ -102,23 +103,22 @@ def test_the_webhook_serves_tls_the_api_server_can_verify(admitting: OperatorPro
         requests.post(url, data=b"{}", verify=True, timeout=10)
 
 
-def test_configurations_follow_section_3_and_go_away_on_exit(
-    control_plane: ControlPlane, kube: Kube, tmp_path: Any
+def test_the_api_server_reinvokes_us_after_a_later_webhook_changes_the_vmi(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
 ) -> None:
-    """Registered before /readyz says ok, with §3's policies; removed when the operator stops."""
-    operator = start_admitting_operator(control_plane, tmp_path, "--webhook-timeout", "20")
-    try:
-        assert operator.ready()
-        mutating = kube.get(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")["webhooks"][0]
-        assert mutating["objectSelector"] == {"matchLabels": {"gpu.cozystack.io/device-reference": "true"}}
-        assert (mutating["reinvocationPolicy"], mutating["sideEffects"], mutating["failurePolicy"]) == (
-            "IfNeeded", "NoneOnDryRun", "Fail")  # fmt: skip
-        assert mutating["timeoutSeconds"] == 20
-        assert mutating["rules"][0]["operations"] == ["CREATE"]
-        validating = kube.get(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator")["webhooks"]
-        assert sorted(w["name"] for w in validating) == [
-            "gpubudget.gpu.cozystack.io", "gpuclass.gpu.cozystack.io", "gpudevice.gpu.cozystack.io"]  # fmt: skip
-    finally:
-        operator.stop()
-    assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator") is None
-    assert kube.get_or_none(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator") is None
+    """§3 with reinvocationPolicy IfNeeded: called twice, one bind, the stored VMI carries our patch once."""
+    gpu_node({gpu.resource: 2}, name=f"inv-{gpu.cls}")
+    refs = [{"deviceTemplate": {"className": gpu.cls, "count": 1}}]
+    before = len(admitting.events("vmi.admitted"))
+    with labelling_webhook(kube, tmp_path):
+        stored = kube.create(kinds.VMI, vmi_body("reinvoked", namespace, refs, labels={RELABEL_LABEL: "true"}))
+    assert stored["metadata"]["labels"]["test.cozy/relabelled"] == "yes"
+    assert stored["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpudev0-0", "deviceName": gpu.resource}]
+    [term] = stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": [f"inv-{gpu.cls}"]}]
+    calls = [e for e in admitting.events("vmi.admitted")[before:] if e["vmi"] == "reinvoked"]
+    assert len(calls) == 2
+    binds = [e for e in admitting.events("bind.answered") if e["vmi"] == "reinvoked"]
+    assert len(binds) == 1
