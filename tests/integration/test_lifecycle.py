@@ -95,7 +95,7 @@ def test_vm_start_stop_cycles_keep_a_held_device_on_its_node(
         kube.delete(kinds.VMI, "vm", namespace)
         wait_for("detached", lambda: "attachedTo" not in status(kube, namespace, "h"))
         assert (status(kube, namespace, "h")["phase"], status(kube, namespace, "h")["nodeName"]) == ("Bound", node)
-        assert not kube.get(kinds.GPU_DEVICE, "h", namespace)["metadata"].get("finalizers")
+        wait_for("unprotected", lambda: not kube.get(kinds.GPU_DEVICE, "h", namespace)["metadata"].get("finalizers"))
     assert len(set(uids)) == 3
     clean(kube, namespace)
 
