@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv crds control-plane lint unit integration test demo dev-cluster clean
+.PHONY: venv crds control-plane lint unit integration test demo dev-cluster bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,8 @@ control-plane:
 	bash hack/build-control-plane.sh
 
 lint: venv
-	$(BIN)/ruff check operator tests hack
-	$(BIN)/ruff format --check operator tests hack
+	$(BIN)/ruff check operator tests hack bench
+	$(BIN)/ruff format --check operator tests hack bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/cozygpu crds --dir crds --check
@@ -42,6 +42,10 @@ demo: venv control-plane
 # The control plane alone, in the foreground, for trying things by hand.
 dev-cluster: venv control-plane
 	$(BIN)/cozygpu dev-cluster --kubeconfig .dev/kubeconfig
+
+# Figures for the decision paths (prints, asserts nothing).
+bench: venv
+	$(BIN)/python bench/placement.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .dev

@@ -1,0 +1,94 @@
+"""Benchmark: decisions from the in-memory view, at cluster sizes a GPU cloud has.
+
+Prints figures; asserts nothing (these machines are shared and noisy). Measures the
+pure decision paths the binder and the webhook run per request: placing a set,
+checking orders against budgets, and computing a GPUNode status, over a view of
+N nodes and M devices. Run: `make bench` (or `python bench/placement.py --nodes 500`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import random
+import statistics
+import time
+import tracemalloc
+from collections.abc import Callable
+
+from cozygpu.api import GPUDevice
+from cozygpu.decisions.budgets import Order, check_orders
+from cozygpu.decisions.nodestatus import gpunode_status
+from cozygpu.decisions.placement import place
+from cozygpu.state.cluster import Cluster
+
+RESOURCES = ["nvidia.com/A10", "nvidia.com/L40S", "nvidia.com/H100"]
+
+
+def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
+    rng = random.Random(seed)
+    c = Cluster()
+    for i, r in enumerate(RESOURCES):
+        c.upsert_class({"metadata": {"name": f"c{i}", "resourceVersion": "1"},
+                        "spec": {"mode": "passthrough", "resourceName": r}})  # fmt: skip
+    for n in range(nodes):
+        r = RESOURCES[n % len(RESOURCES)]
+        c.upsert_node({
+            "metadata": {"name": f"node-{n:05d}", "resourceVersion": "1", "labels": {}},
+            "spec": {},
+            "status": {"allocatable": {r: "8"}, "conditions": [{"type": "Ready", "status": "True"}]},
+        })  # fmt: skip
+    for ns in range(namespaces):
+        c.upsert_namespace({"metadata": {"name": f"t{ns}", "labels": {}}})
+        c.upsert_budget({"metadata": {"name": "b", "namespace": f"t{ns}", "resourceVersion": "1"},
+                         "spec": {"limits": {"c0": 10_000}, "total": 100_000}})  # fmt: skip
+    for d in range(devices):
+        n = rng.randrange(nodes)
+        c.upsert_device({
+            "metadata": {"name": f"d{d}", "namespace": f"t{d % namespaces}", "resourceVersion": str(d + 2)},
+            "spec": {"className": f"c{n % len(RESOURCES)}", "count": 1},
+            "status": {"phase": "Bound", "nodeName": f"node-{n:05d}"},
+        })  # fmt: skip
+    return c
+
+
+def timed(label: str, fn: Callable[[], object], rounds: int) -> None:
+    samples = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    p50, p99 = statistics.median(samples), sorted(samples)[int(0.99 * (len(samples) - 1))]
+    print(f"{label:<44} p50 {p50 * 1e3:8.3f} ms   p99 {p99 * 1e3:8.3f} ms   ({rounds} rounds)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--nodes", type=int, default=1000)
+    p.add_argument("--devices", type=int, default=5000)
+    p.add_argument("--namespaces", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=200)
+    args = p.parse_args()
+
+    tracemalloc.start()
+    start = time.perf_counter()
+    c = build(args.nodes, args.devices, args.namespaces, seed=1)
+    built = time.perf_counter() - start
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    print(f"view: {args.nodes} nodes, {args.devices} devices, {args.namespaces} namespaces "
+          f"built in {built:.2f}s, {current / 2**20:.1f} MiB held (peak {peak / 2**20:.1f} MiB)")  # fmt: skip
+
+    new = [GPUDevice.from_wire({"metadata": {"name": f"new{i}", "namespace": "t0"},
+                                "spec": {"className": "c0", "count": 1 + i % 2}}) for i in range(2)]  # fmt: skip
+    timed("place a set of two new devices", lambda: place(c, new), args.rounds)
+    gather = [c.devices[("t0", "d0")], c.devices[("t1", "d1")]]
+    timed("place a set gathering two Bound devices", lambda: place(c, gather), args.rounds)
+    orders = [Order("t0", "c0", 1, "deviceTemplate 0"), Order("t0", "c0", 2, "deviceTemplate 1")]
+    timed("check two orders against budgets", lambda: check_orders(c, orders), args.rounds)
+    now = dt.datetime.now(dt.UTC)
+    timed("compute one GPUNode status", lambda: gpunode_status(c, "node-00000", [], now), args.rounds)
+
+
+if __name__ == "__main__":
+    main()
