@@ -11,9 +11,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from cozygpu.api.gpudevice import OBJECT_NAME_PATTERN
 from cozygpu.api.names import ANNOTATION_DEVICES
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NAME = re.compile(OBJECT_NAME_PATTERN)
 MAX_NAME = 253
 
 

@@ -45,7 +45,7 @@ def class_status(cluster: Cluster, cls: GPUClass) -> GPUClassStatus:
         nodes.append(name)
         allocatable += node.units(resource)
         held_units += held(cluster, name).get(resource, 0)
-    mine = sum(d.spec.count for d in cluster.devices.values() if d.holds_gpus and d.spec.class_name == cls.name)
+    mine = sum(d.spec.count for d in cluster.devices_of_class(cls.name) if d.holds_gpus)
     return GPUClassStatus(
         nodes=nodes, allocatable=allocatable, held=mine, free=max(0, allocatable - held_units),
         conditions=cls.status.conditions,

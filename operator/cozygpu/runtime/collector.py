@@ -52,6 +52,8 @@ class Collector:
         self._dirty: set[DeviceKey] = set()
         self._dirty_classes: set[str] = set()
         self._wake = asyncio.Event()
+        # Devices waiting on a grace period, and when it runs out: the next wake-up.
+        self._due: dict[DeviceKey, dt.datetime] = {}
 
     # -- what events touch ---------------------------------------------------
 
@@ -87,9 +89,9 @@ class Collector:
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
     def _until_due(self) -> float:
-        now = utcnow()
-        dues = [d for dev in self._cluster.devices.values() if (d := lifecycle.due(dev, self._grace)) is not None]
-        return max(0.0, (min(dues) - now).total_seconds()) + 0.05 if dues else float("inf")
+        if not self._due:
+            return float("inf")
+        return max(0.0, (min(self._due.values()) - utcnow()).total_seconds()) + 0.05
 
     async def _drain(self) -> None:
         classes, self._dirty_classes = self._dirty_classes, set()
@@ -99,13 +101,18 @@ class Collector:
                 await self._fix_class(cls)
         now = utcnow()
         keys, self._dirty = self._dirty, set()  # what events mark meanwhile waits for the next pass
-        for key in sorted(keys):
+        for key in sorted(keys | {k for k, when in self._due.items() if when <= now}):
             device = self._cluster.devices.get(key)
-            if device is None:
-                continue
-            actions = lifecycle.device_actions(self._cluster, device, now, self._grace)
-            if actions:
-                await self._apply(device, actions)
+            if device is not None:
+                actions = lifecycle.device_actions(self._cluster, device, now, self._grace)
+                if actions:
+                    await self._apply(device, actions)
+            after = self._cluster.devices.get(key)
+            when = lifecycle.due(after, self._grace) if after is not None else None
+            if when is None:
+                self._due.pop(key, None)
+            else:
+                self._due[key] = when
 
     # -- devices --------------------------------------------------------------
 

@@ -159,8 +159,8 @@ class Cluster:
         """Devices whose attachment names this VMI (any uid)."""
         return [self.devices[k] for k in self._by_attachment.get((namespace, vmi), ())]
 
-    def devices_of_class(self, name: str) -> int:
-        return len(self._by_class.get(name, ()))
+    def devices_of_class(self, name: str) -> list[GPUDevice]:
+        return [self.devices[k] for k in self._by_class.get(name, ())]
 
     def upsert_vmi(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
