@@ -90,3 +90,22 @@ def update(kube: Kube, kind: kinds.Kind, name: str, change: Any, namespace: str 
         except Conflict:
             continue
     raise AssertionError(f"{kind.kind} {name} kept changing")
+
+
+def stale(kube: Kube, namespace: str) -> list[str]:
+    """Attachments or requests without a live VMI, unanswered requests, template devices without their VMI."""
+    vmis = {v["metadata"]["name"]: v["metadata"]["uid"] for v in kube.list(kinds.VMI, namespace)}
+    found = []
+    for d in kube.list(kinds.GPU_DEVICE, namespace):
+        name, status = d["metadata"]["name"], d.get("status", {})
+        attached = status.get("attachedTo")
+        if attached and vmis.get(attached["vmi"]) != attached.get("uid"):
+            found.append(f"{name}: attached to {attached['vmi']} which is not there")
+        request = status.get("bindRequest")
+        if request and not request.get("result"):
+            found.append(f"{name}: unanswered request")
+        if d["metadata"].get("labels", {}).get("gpu.cozystack.io/template-device") == "true":
+            owners = [o["uid"] for o in d["metadata"].get("ownerReferences", [])]
+            if not owners or owners[0] not in vmis.values():
+                found.append(f"{name}: template device without its VMI")
+    return found

@@ -18,7 +18,7 @@ from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.denier import DENY_LABEL, denying_webhook
-from tests.helpers import gpu_device_body, update, vmi_body
+from tests.helpers import gpu_device_body, stale, update, vmi_body
 
 pytestmark = pytest.mark.integration
 
@@ -38,25 +38,6 @@ def operator_(control_plane: ControlPlane, lifecycle_dir: Path) -> Iterator[Oper
     )
     yield process
     process.stop()
-
-
-def stale(kube: Kube, namespace: str) -> list[str]:
-    """Attachments or requests without a live VMI, unanswered requests, template devices without their VMI."""
-    vmis = {v["metadata"]["name"]: v["metadata"]["uid"] for v in kube.list(kinds.VMI, namespace)}
-    found = []
-    for d in kube.list(kinds.GPU_DEVICE, namespace):
-        name, status = d["metadata"]["name"], d.get("status", {})
-        attached = status.get("attachedTo")
-        if attached and vmis.get(attached["vmi"]) != attached.get("uid"):
-            found.append(f"{name}: attached to {attached['vmi']} which is not there")
-        request = status.get("bindRequest")
-        if request and not request.get("result"):
-            found.append(f"{name}: unanswered request")
-        if d["metadata"].get("labels", {}).get("gpu.cozystack.io/template-device") == "true":
-            owners = [o["uid"] for o in d["metadata"].get("ownerReferences", [])]
-            if not owners or owners[0] not in vmis.values():
-                found.append(f"{name}: template device without its VMI")
-    return found
 
 
 def clean(kube: Kube, namespace: str) -> None:

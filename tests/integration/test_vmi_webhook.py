@@ -9,6 +9,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,11 +19,12 @@ from hypothesis import strategies as st
 
 from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION
 from cozygpu.devcluster import nodes
+from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_class_body, gpu_device_body, leftovers, unique, vmi_body
+from tests.conftest import OPERATOR_USER, Gpu, GPUNodeFactory
+from tests.helpers import gpu_class_body, gpu_device_body, leftovers, stale, unique, vmi_body
 
 pytestmark = pytest.mark.integration
 
@@ -43,6 +46,13 @@ def held(kube: Kube, namespace: str, name: str, cls: str, count: int = 1) -> dic
         f"{name} bound",
         lambda: (d := kube.get(kinds.GPU_DEVICE, name, namespace)).get("status", {}).get("phase") == "Bound" and d,
     )
+
+
+@pytest.fixture(autouse=True)
+def nothing_stale_after(kube: Kube, namespace: str) -> Iterator[None]:
+    """After every scenario: no attachment without its VMI, no unanswered request, no orphan template device."""
+    yield
+    wait_for("nothing stale", lambda: not stale(kube, namespace), timeout=15)
 
 
 @pytest.fixture
@@ -268,6 +278,35 @@ def test_template_reference_refusals(
     assert "GPUDevice vm-gpu-0 exists and was not made from a deviceTemplate" in message
     assert "deviceTemplate 1: GPUClass no-such-class does not exist" in message
     assert kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-1", namespace) is None
+
+
+def test_existing_template_devices_that_are_not_this_vmis_are_refused(
+    admitting: OperatorProcess, control_plane: ControlPlane, kube: Kube, namespace: str, gpu: Gpu, room: str,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """§3.4: owned by an earlier VMI of the name, another class or count, attached to another VMI."""
+    operator = Kube.from_kubeconfig(control_plane.write_kubeconfig(tmp_path / "kc", user=OPERATOR_USER))
+    owner = kube.create(kinds.VMI, vmi_body("old", namespace, [{"deviceTemplate": {"className": gpu.cls, "count": 1}}]))
+
+    def template(name: str, count: int = 1, **meta: Any) -> None:
+        body = gpu_device_body(name, namespace, gpu.cls, count)
+        body["metadata"].update(labels={"gpu.cozystack.io/template-device": "true"}, **meta)
+        operator.create(kinds.GPU_DEVICE, body)
+
+    refs = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm",
+            "uid": owner["metadata"]["uid"]}  # fmt: skip
+    template("vm-gpu-0", ownerReferences=[refs])
+    template("vm-gpu-1", 2)
+    entries = [{"deviceTemplate": {"className": gpu.cls, "count": 1}}] * 2
+    message = refused(kube, vmi_body("vm", namespace, entries))
+    assert "GPUDevice vm-gpu-0 is still owned by an earlier VMI vm" in message
+    assert f"GPUDevice vm-gpu-1 (GPUClass {gpu.cls}, count 2) does not match deviceTemplate 1" in message
+    for name in ("vm-gpu-0", "vm-gpu-1"):
+        operator.delete(kinds.GPU_DEVICE, name, namespace)
+    # The template device of VMI old is attached to it; a VMI naming it by its template name is refused.
+    message = refused(kube, vmi_body("x", namespace, [{"device": "old-gpu-0"}, {"device": "old-gpu-0"}]))
+    assert "GPUDevice old-gpu-0" in message
+    assert "is attached to VMI old" in message
 
 
 def test_a_class_being_deleted_takes_no_template_orders(
