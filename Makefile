@@ -18,9 +18,10 @@ venv: $(STAMP)
 crds: venv
 	$(BIN)/cozygpu crds --dir crds
 
-# Build (or find cached) etcd and kube-apiserver; prints where they are.
+# Build (or find cached) etcd, kube-apiserver and what tests also run; prints where they are.
+CONTROL_PLANE_EXTRAS := kube-controller-manager kubectl
 control-plane:
-	bash hack/build-control-plane.sh
+	bash hack/build-control-plane.sh $(CONTROL_PLANE_EXTRAS)
 
 lint: venv
 	$(BIN)/ruff check operator tests hack bench
@@ -33,7 +34,7 @@ unit: venv
 	$(BIN)/pytest tests/unit
 
 test: lint control-plane
-	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/pytest --durations=10
+	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh $(CONTROL_PLANE_EXTRAS) | tail -n 1)" $(BIN)/pytest --durations=10
 
 # A local control plane with fake GPU nodes and a short walk through the API.
 demo: venv control-plane

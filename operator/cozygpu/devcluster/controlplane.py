@@ -82,8 +82,17 @@ def crd_manifests() -> list[dict[str, Any]]:
 
 
 class ControlPlane:
-    def __init__(self, bin_dir: Path | None = None, *, workdir: Path | None = None, verbose: bool = False) -> None:
+    def __init__(
+        self,
+        bin_dir: Path | None = None,
+        *,
+        workdir: Path | None = None,
+        verbose: bool = False,
+        controllers: tuple[str, ...] = (),
+    ) -> None:
+        """`controllers`: kube-controller-manager controllers to run too (e.g. garbagecollector, namespace)."""
         self._bin_dir = bin_dir
+        self._controllers = controllers
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="cozygpu-cp-"))
         self._verbose = verbose
@@ -105,11 +114,14 @@ class ControlPlane:
 
     def start(self, timeout: float = 120.0) -> None:
         try:
-            bin_dir = self._bin_dir or binaries.find()
+            extra = ("kube-controller-manager",) if self._controllers else ()
+            bin_dir = self._bin_dir or binaries.find(extra)
             deadline = time.monotonic() + timeout
             etcd_url = self._start_etcd(bin_dir, deadline)
             self._start_apiserver(bin_dir, etcd_url, deadline)
             self.install_crds(deadline)
+            if self._controllers:
+                self._start_controller_manager(bin_dir)
         except BaseException:
             self.stop()
             raise
@@ -235,6 +247,21 @@ class ControlPlane:
         self.write_kubeconfig(self.kubeconfig_path)
         kube = self.kube()
         self._wait("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, deadline)
+
+    def _start_controller_manager(self, bin_dir: Path) -> None:
+        """Owner-reference garbage collection and namespace deletion, as in a cluster."""
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig_path}",
+                f"--controllers={','.join(self._controllers)}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--v={4 if self._verbose else 1}",
+            ],
+        )
 
     def install_crds(self, deadline: float) -> None:
         kube = self.kube()
