@@ -17,7 +17,7 @@ import pytest
 
 from cozygpu.devcluster import nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
 from tests.helpers import gpu_class_body
@@ -42,7 +42,9 @@ OPERATOR_USER = "cozy-gpu-operator"
 def start_admitting_operator(plane: ControlPlane, directory: Path, *extra: str) -> OperatorProcess:
     """The whole operator with webhooks (--dev), as its own user, so the template-label rule can tell it apart."""
     kubeconfig = plane.write_kubeconfig(directory / "operator-kubeconfig", user=OPERATOR_USER, group="system:masters")
-    return OperatorProcess(kubeconfig, directory / "operator.log", "--dev", *extra).start()
+    process = OperatorProcess(kubeconfig, directory / "operator.log", "--dev", *extra).start()
+    _RUNNING.append(process)
+    return process
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +63,7 @@ def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFacto
     """The operator without webhooks, one per test module, so tests can write what the webhook writes."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     process = OperatorProcess(control_plane.kubeconfig_path, log, "--no-webhooks").start()
+    _RUNNING.append(process)
     yield process
     process.stop()
 
@@ -75,6 +78,37 @@ def namespace(kube: Kube) -> Iterator[str]:
 
 
 _node_numbers = itertools.count()
+
+
+def wait_until_accounted(kube: Kube, node: str, gpus: Mapping[str, int], labels: Mapping[str, str]) -> None:
+    """When a class serves the node and an operator runs, wait until its GPUNode shows the units.
+
+    The operator decides from its view, which hears of a new node a moment later; a test
+    that creates a device right after the node would otherwise race that watch event.
+    """
+    served = {
+        c["spec"]["resourceName"]
+        for c in kube.list(kinds.GPU_CLASS)
+        if c["spec"]["resourceName"] in gpus
+        and all(labels.get(k) == v for k, v in (c["spec"].get("nodeSelector") or {}).items())
+    }
+    if not served or not _operator_running():
+        return
+
+    def accounted() -> bool:
+        body = kube.get_or_none(kinds.GPU_NODE, node) or {}
+        have = {r["name"]: r["allocatable"] for r in body.get("status", {}).get("resources", [])}
+        return all(have.get(r) == gpus[r] for r in served)
+
+    wait_for(f"GPUNode {node} accounted", accounted, timeout=20)
+
+
+_RUNNING: list[OperatorProcess] = []
+
+
+def _operator_running() -> bool:
+    return any(p.proc is not None and p.proc.poll() is None for p in _RUNNING)
+
 
 GPUNodeFactory = Callable[..., Body]
 
@@ -98,6 +132,7 @@ def gpu_node(kube: Kube) -> Iterator[GPUNodeFactory]:
             kube, name, gpus, labels=labels, taints=taints, unschedulable=unschedulable, ready=ready
         )
         made.append(name)
+        wait_until_accounted(kube, name, gpus, {**(labels or {}), "kubernetes.io/hostname": name})
         return body
 
     yield make

@@ -13,10 +13,17 @@ from typing import Any
 import pytest
 
 from cozygpu.devcluster import nodes
-from cozygpu.devcluster.harness import OperatorProcess, answer_of, template_device, wait_for, write_request
+from cozygpu.devcluster.harness import (
+    OperatorProcess,
+    answer_of,
+    logged,
+    template_device,
+    wait_for,
+    write_request,
+)
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
-from tests.conftest import Gpu, GPUNodeFactory
+from tests.conftest import Gpu, GPUNodeFactory, wait_until_accounted
 from tests.helpers import gpu_class_body, gpu_device_body
 
 pytestmark = pytest.mark.integration
@@ -64,11 +71,12 @@ def test_a_set_is_gathered_from_two_nodes(
     assert {bound_on(kube, namespace, "first"), bound_on(kube, namespace, "second")} == {n1, n2}
     stays = bound_on(kube, namespace, "first")
     nodes.set_gpus(kube, stays or "", {gpu.resource: 2})  # room for the other one there
+    wait_until_accounted(kube, stays or "", {gpu.resource: 2}, {})
     rid = write_request(kube, namespace, ["first", "second"], "vm")
     answered = answer_of(kube, namespace, ["first", "second"], rid)
     assert [result_of(b) for b in answered] == ["Succeeded", "Succeeded"]
     assert {b["status"]["nodeName"] for b in answered} == {stays}
-    moved = [e for e in operator.events("bind.answered") if e["request_id"] == rid]
+    moved = logged(operator, "bind.answered", lambda e: e["request_id"] == rid)
     assert moved[0]["moved"] == ["second"]
 
 
@@ -234,9 +242,10 @@ def test_answers_come_from_the_view_without_listing(
     for n, rid in zip(names, ids, strict=True):
         answer_of(kube, namespace, [n], rid)
     assert _list_count(kube) == before
-    logged = {e["request_id"]: e for e in operator.events("bind.answered")}
+    logged(operator, "bind.answered", lambda e: e["request_id"] == ids[-1])
+    answered = {e["request_id"]: e for e in operator.events("bind.answered")}
     for rid in ids:
-        entry = logged[rid]
+        entry = answered[rid]
         assert entry["result"] == "Succeeded"
         assert entry["node"] == f"nolist-{gpu.cls}"
         assert entry["namespace"] == namespace

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, answer_of, template_device, wait_for, write_request
+from cozygpu.devcluster.harness import OperatorProcess, answer_of, logged, template_device, wait_for, write_request
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from tests.conftest import GPUNodeFactory
@@ -35,7 +35,7 @@ def test_a_request_written_while_the_binder_is_down_is_answered_after_restart(
         [answered] = answer_of(kube, namespace, ["vm-gpu-0"], rid)
         assert answered["status"]["bindRequest"]["result"] == "Succeeded"
         assert answered["status"]["nodeName"] == node
-        assert len([e for e in operator.events("bind.answered") if e["request_id"] == rid]) == 1
+        assert len(logged(operator, "bind.answered", lambda e: e["request_id"] == rid)) == 1
     finally:
         operator.stop()
         kube.delete(kinds.GPU_CLASS, cls)

@@ -90,6 +90,15 @@ class OperatorProcess:
         return out
 
 
+def logged(
+    process: OperatorProcess, name: str, match: Callable[[dict[str, Any]], bool], timeout: float = 10.0
+) -> list[dict[str, Any]]:
+    """The process's log events of that name that match, once there is at least one.
+
+    A decision is logged right after its writes land, so a caller that saw the writes waits for the line."""
+    return wait_for(f"a {name} log event", lambda: [e for e in process.events(name) if match(e)], timeout)
+
+
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
     """Poll `probe` until it returns something truthy; the tests' own waiting, not the operator's."""
     deadline = time.monotonic() + timeout
