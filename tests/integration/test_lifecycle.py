@@ -6,6 +6,7 @@ template devices.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,42 @@ def test_an_operator_restart_in_the_middle_leaves_nothing_stuck(
         == (vmi["metadata"]["uid"])
     )
     kube.delete(kinds.VMI, "vm2", namespace)
+    clean(kube, namespace)
+
+
+def test_a_refused_vmis_writes_are_cleared_when_the_grace_period_ran_out_while_down(
+    operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
+) -> None:
+    """§6.3, §6.4: killed right after a later webhook refused the VMI; the restart's sweep clears what it left."""
+    gpu_node({gpu.resource: 2}, name=f"down-{gpu.cls}")
+    bound_held(kube, namespace, "h", gpu.cls)
+    refs = [{"device": "h"}, {"deviceTemplate": {"className": gpu.cls, "count": 1}}]
+    with denying_webhook(kube, tmp_path), pytest.raises(ApiError, match="denied by the test's second webhook"):
+        kube.create(kinds.VMI, vmi_body("vm", namespace, refs, labels={DENY_LABEL: "true"}))
+    operator_.kill()
+    assert status(kube, namespace, "h")["attachedTo"]["vmi"] == "vm"
+    time.sleep(GRACE + 1)  # the grace period runs out with nobody watching
+    operator_.start()
+    wait_for("attachment cleared", lambda: "attachedTo" not in status(kube, namespace, "h"))
+    wait_for("template deleted", lambda: kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-1", namespace) is None)
+    assert status(kube, namespace, "h")["phase"] == "Bound"
+    clean(kube, namespace)
+
+
+def test_a_deletion_waiting_on_a_vmi_completes_when_the_vmi_went_while_down(
+    operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§6.5: the device waits on its finalizer; the VMI is deleted while the operator is down; after restart it goes."""
+    gpu_node({gpu.resource: 2}, name=f"wait-{gpu.cls}")
+    bound_held(kube, namespace, "h", gpu.cls)
+    kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h"}]))
+    wait_for("protected", lambda: kube.get(kinds.GPU_DEVICE, "h", namespace)["metadata"].get("finalizers"))
+    kube.delete(kinds.GPU_DEVICE, "h", namespace)
+    operator_.kill()
+    kube.delete(kinds.VMI, "vm", namespace)
+    assert kube.get(kinds.GPU_DEVICE, "h", namespace)["metadata"]["deletionTimestamp"]
+    operator_.start()
+    wait_for("device gone", lambda: kube.get_or_none(kinds.GPU_DEVICE, "h", namespace) is None)
     clean(kube, namespace)
 
 

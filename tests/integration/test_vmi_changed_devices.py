@@ -1,0 +1,236 @@
+"""§3.3, §3.4 and the bind refusals for devices whose node, class or deletion changed under them.
+
+Through the real API server with the binder answering: a device Lost with its node,
+a node holding more than it now serves, a class gone from under a held device, a
+template device being deleted or attached elsewhere, a vGPU set of two classes, and
+the binder's own refusal. Each refusal is checked to leave nothing behind; the
+cordoned node shows the other side of §3.3: not a refusal, a gather.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
+from cozygpu.devcluster import nodes
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import ApiError, Kube
+from tests.conftest import OPERATOR_USER, Gpu, GPUNodeFactory
+from tests.helpers import gpu_class_body, gpu_device_body, leftovers, stale, unique, vmi_body
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def nothing_stale_after(kube: Kube, namespace: str) -> Iterator[None]:
+    """After every scenario: no attachment without its VMI, no unanswered request, no orphan template device."""
+    yield
+    wait_for("nothing stale", lambda: not stale(kube, namespace), timeout=15)
+
+
+@pytest.fixture
+def as_operator(control_plane: ControlPlane, tmp_path: Path) -> Kube:
+    """A client with the operator's identity: only it may write template devices (§9.1)."""
+    return Kube.from_kubeconfig(control_plane.write_kubeconfig(tmp_path / "kc", user=OPERATOR_USER))
+
+
+def refused(kube: Kube, body: dict[str, Any]) -> str:
+    """Create the VMI, expecting our webhook's denial; return its message."""
+    with pytest.raises(ApiError) as raised:
+        kube.create(kinds.VMI, body)
+    assert raised.value.status == 403, raised.value.message
+    assert 'admission webhook "vmi.gpu.cozystack.io" denied the request' in raised.value.message
+    return raised.value.message
+
+
+def dry_denial(kube: Kube, namespace: str, refs: list[dict[str, Any]]) -> str:
+    """The denial a dry run gets now, or "" when it would be admitted; for waiting on the view."""
+    try:
+        kube.create(kinds.VMI, vmi_body(unique("probe"), namespace, refs), dry_run=True)
+    except ApiError as e:
+        return e.message
+    return ""
+
+
+def status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = kube.get(kinds.GPU_DEVICE, name, namespace).get("status", {})
+    return result
+
+
+def held(kube: Kube, namespace: str, name: str, cls: str, count: int = 1) -> str:
+    """A held device, waited for until the binder has it Bound; returns its node."""
+    kube.create(kinds.GPU_DEVICE, gpu_device_body(name, namespace, cls, count))
+    return str(wait_for(f"{name} bound", lambda: status(kube, namespace, name).get("phase") == "Bound"
+                        and status(kube, namespace, name)["nodeName"]))  # fmt: skip
+
+
+def event_reasons(kube: Kube, namespace: str, device: str) -> list[str]:
+    return [e["reason"] for e in kube.list(kinds.kind("Event"), namespace) if e["involvedObject"]["name"] == device]
+
+
+# -- §3.3: the node or class under a held device changed ---------------------------------
+
+
+def test_a_held_device_lost_with_its_node_is_refused_naming_the_node(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§3.3, §5.6: the node is deleted, the device turns Lost; the denial says Lost and which node it held."""
+    node = gpu_node({gpu.resource: 1}, name=f"lost-{gpu.cls}")["metadata"]["name"]
+    held(kube, namespace, "h", gpu.cls)
+    kube.delete(kinds.NODE, node)
+    wait_for("Lost", lambda: status(kube, namespace, "h").get("phase") == "Lost")
+    message = refused(kube, vmi_body("vm", namespace, [{"device": "h"}]))
+    assert f"GPUDevice h (node {node}) is Lost and holds no GPUs" in message
+    assert leftovers(kube, namespace, "vm") == []
+    assert status(kube, namespace, "h")["phase"] == "Lost"
+
+
+def test_a_node_holding_more_than_it_now_serves_is_refused(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§3.3, §5.6: a Ready node whose allocatable fell below what is held has lost capacity; its devices stay Bound."""
+    node = gpu_node({gpu.resource: 2}, name=f"shrunk-{gpu.cls}")["metadata"]["name"]
+    held(kube, namespace, "h1", gpu.cls)
+    held(kube, namespace, "h2", gpu.cls)
+    nodes.set_gpus(kube, node, {gpu.resource: 1})
+
+    def lost_capacity() -> dict[str, Any] | None:
+        conditions = (kube.get_or_none(kinds.GPU_NODE, node) or {}).get("status", {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "LostCapacity" and c["status"] == "True"), None)
+
+    assert wait_for("LostCapacity", lost_capacity)["reason"] == "FewerUnitsThanHeld"
+    message = refused(kube, vmi_body("vm", namespace, [{"device": "h1"}]))
+    assert f"GPUDevice h1: node {node} has lost capacity" in message
+    assert leftovers(kube, namespace, "vm") == []
+    assert [status(kube, namespace, n)["phase"] for n in ("h1", "h2")] == ["Bound", "Bound"]
+
+
+def test_a_held_device_whose_class_is_gone_is_refused(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu_node: GPUNodeFactory
+) -> None:
+    """§3.3: the class a held device names no longer exists (its in-use finalizer was removed by hand)."""
+    tag = unique("gone")
+    kube.create(kinds.GPU_CLASS, gpu_class_body(tag, f"example.com/{tag}"))
+    gpu_node({f"example.com/{tag}": 1}, name=f"n-{tag}")
+    node = held(kube, namespace, "h", tag)
+    wait_for("class protected", lambda: kube.get(kinds.GPU_CLASS, tag)["metadata"].get("finalizers"))
+    kube.delete(kinds.GPU_CLASS, tag)
+    kube.patch(kinds.GPU_CLASS, tag, {"metadata": {"finalizers": None}})
+    wait_for("class gone from the view", lambda: "does not exist" in dry_denial(kube, namespace, [{"device": "h"}]))
+    message = refused(kube, vmi_body("vm", namespace, [{"device": "h"}]))
+    assert f"GPUDevice h (node {node}): GPUClass {tag} does not exist" in message
+    assert leftovers(kube, namespace, "vm") == []
+
+
+def test_a_cordoned_node_is_no_refusal_the_set_is_gathered_elsewhere(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§3.3, §5.3: a held device on a cordoned node moves to a node with room; a Moved Event says so."""
+    old = gpu_node({gpu.resource: 1}, name=f"cordoned-{gpu.cls}")["metadata"]["name"]
+    assert held(kube, namespace, "h", gpu.cls) == old
+    kube.patch(kinds.NODE, old, {"spec": {"unschedulable": True}})
+    wait_for("cordon seen", lambda: _waits_because_cordoned(kube, namespace, gpu.cls, old))
+    new = gpu_node({gpu.resource: 1}, name=f"open-{gpu.cls}")["metadata"]["name"]
+    stored = kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h"}]))
+    [term] = stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": [new]}]
+    assert (status(kube, namespace, "h")["phase"], status(kube, namespace, "h")["nodeName"]) == ("Bound", new)
+    assert "Moved" in wait_for("Moved event", lambda: event_reasons(kube, namespace, "h"))
+
+
+def _waits_because_cordoned(kube: Kube, namespace: str, cls: str, node: str) -> bool:
+    """Whether the view knows the node is cordoned: a one-unit probe waits, and says so; then it goes."""
+    name = unique("probe")
+    kube.create(kinds.GPU_DEVICE, gpu_device_body(name, namespace, cls))
+    try:
+        wait_for("probe decided", lambda: status(kube, namespace, name).get("phase"))
+        return f"node {node} is cordoned" in (status(kube, namespace, name).get("message") or "")
+    finally:
+        kube.delete(kinds.GPU_DEVICE, name, namespace)
+
+
+# -- the binder's refusal (§4, §5) --------------------------------------------------------
+
+
+def test_the_binders_refusal_is_passed_on_and_everything_undone(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """Two held devices on two full nodes cannot be gathered: the binder's message reaches the tenant, nothing moves."""
+    a = gpu_node({gpu.resource: 1}, name=f"full-a-{gpu.cls}")["metadata"]["name"]
+    first = held(kube, namespace, "h1", gpu.cls)
+    b = gpu_node({gpu.resource: 1}, name=f"full-b-{gpu.cls}")["metadata"]["name"]
+    second = held(kube, namespace, "h2", gpu.cls)
+    assert (first, second) == (a, b)
+    message = refused(kube, vmi_body("vm", namespace, [{"device": "h1"}, {"device": "h2"}]))
+    assert f"no node has 2 free units of {gpu.resource} matching GPUClass {gpu.cls}" in message
+    assert f"node {a} has 0 free of {gpu.resource}, needs 1" in message
+    assert leftovers(kube, namespace, "vm") == []
+    assert [(status(kube, namespace, n)["phase"], status(kube, namespace, n)["nodeName"]) for n in ("h1", "h2")] == [
+        ("Bound", a),
+        ("Bound", b),
+    ]
+    assert "Failed" in wait_for("Failed event", lambda: event_reasons(kube, namespace, "h1"))
+    [refusal] = [e for e in admitting.events("vmi.refused") if e.get("namespace") == namespace and not e["dry_run"]]
+    assert refusal["reason"] in message
+
+
+# -- §3.4: a template device's name is taken by something in flux ---------------------
+
+
+def test_a_template_device_still_being_deleted_is_refused(
+    admitting: OperatorProcess, kube: Kube, as_operator: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§3.4: the predictable name belongs to a device with a deletion timestamp (an earlier VMI's)."""
+    gpu_node({gpu.resource: 2}, name=f"n-{gpu.cls}")
+    body = gpu_device_body("vm-gpu-0", namespace, gpu.cls)
+    body["metadata"].update(labels={LABEL_TEMPLATE_DEVICE: "true"}, finalizers=["test.cozy/hold"])
+    as_operator.create(kinds.GPU_DEVICE, body)
+    as_operator.delete(kinds.GPU_DEVICE, "vm-gpu-0", namespace)
+    message = refused(kube, vmi_body("vm", namespace, [{"deviceTemplate": {"className": gpu.cls, "count": 1}}]))
+    assert "GPUDevice vm-gpu-0 of an earlier VMI vm is still being deleted" in message
+    assert (status(kube, namespace, "vm-gpu-0").get("attachedTo"), status(kube, namespace, "vm-gpu-0").get(
+        "bindRequest")) == (None, None)  # fmt: skip
+    as_operator.patch(kinds.GPU_DEVICE, "vm-gpu-0", {"metadata": {"finalizers": None}}, namespace)
+    wait_for("deleted", lambda: kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-0", namespace) is None)
+
+
+def test_a_template_device_attached_to_another_vmi_is_refused(
+    admitting: OperatorProcess, kube: Kube, as_operator: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§3.4: the predictable name is taken by a template device attached to some other VMI."""
+    gpu_node({gpu.resource: 2}, name=f"n-{gpu.cls}")
+    body = gpu_device_body("vm-gpu-0", namespace, gpu.cls)
+    body["metadata"]["labels"] = {LABEL_TEMPLATE_DEVICE: "true"}
+    created = as_operator.create(kinds.GPU_DEVICE, body)
+    created["status"] = {"attachedTo": {"vmi": "other"}}
+    as_operator.replace_status(kinds.GPU_DEVICE, created)
+    message = refused(kube, vmi_body("vm", namespace, [{"deviceTemplate": {"className": gpu.cls, "count": 1}}]))
+    assert "GPUDevice vm-gpu-0 is attached to VMI other" in message
+    assert status(kube, namespace, "vm-gpu-0")["attachedTo"] == {"vmi": "other"}
+    as_operator.delete(kinds.GPU_DEVICE, "vm-gpu-0", namespace)
+    wait_for("deleted", lambda: kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-0", namespace) is None)
+
+
+# -- §3.6: vGPU devices of one class per VMI ----------------------------------------------
+
+
+def test_vgpu_devices_of_two_classes_are_refused(admitting: OperatorProcess, kube: Kube, namespace: str) -> None:
+    """§3.6: a VMI takes vGPU slices of one profile only; the denial names each device with its class."""
+    tag = unique("vg")
+    for suffix in ("a", "b"):
+        kube.create(kinds.GPU_CLASS, gpu_class_body(f"{tag}-{suffix}", f"example.com/{tag}-{suffix}", mode="vgpu"))
+    refs = [{"deviceTemplate": {"className": f"{tag}-{s}", "count": 1}} for s in ("a", "b")]
+    wait_for("classes seen", lambda: "vGPU" in dry_denial(kube, namespace, refs))
+    message = refused(kube, vmi_body("vm", namespace, refs))
+    assert f"a VMI takes vGPU devices of one class only: vm-gpu-0 ({tag}-a); vm-gpu-1 ({tag}-b)" in message
+    assert leftovers(kube, namespace, "vm") == []
+    for suffix in ("a", "b"):
+        kube.delete(kinds.GPU_CLASS, f"{tag}-{suffix}")
