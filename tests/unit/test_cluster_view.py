@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cozygpu.state.cluster import Cluster
-from tests.builders import A10, EPOCH, cluster, device, gpu_class, node, request
+from tests.builders import A10, EPOCH, budget, cluster, device, gpu_class, node, request
 
 
 def test_an_older_event_does_not_overwrite_a_newer_write() -> None:
@@ -67,3 +67,72 @@ def test_arrival_order_tells_apart_devices_created_in_one_second() -> None:
     """Creation timestamps have one-second precision; first sight orders devices within a second (§5.5)."""
     c = cluster(devices=[device("zeta"), device("alpha")])
     assert c.arrival("t1", "zeta") < c.arrival("t1", "alpha")
+
+
+def test_a_write_echo_arriving_after_the_deletion_does_not_bring_a_device_back() -> None:
+    """Our own write's response can land after the DELETED event; its older version must not revive a ghost."""
+    c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")])
+    echo = device("a", phase="Bound", node_name="n1")
+    echo["metadata"]["resourceVersion"] = "30"
+    c.remove_device("t1", "a", resource_version="31")
+    assert c.upsert_device(echo) is None
+    assert c.device("t1", "a") is None
+    assert list(c.devices_on("n1")) == []
+
+
+def test_a_device_created_again_under_the_same_name_is_stored() -> None:
+    """A later object of the name carries a newer resourceVersion than the removal: it is a new device."""
+    c = Cluster()
+    old = device("a")
+    old["metadata"]["resourceVersion"] = "30"
+    c.upsert_device(old)
+    c.remove_device("t1", "a", resource_version="31")
+    again = device("a", phase="Pending")
+    again["metadata"]["resourceVersion"] = "40"
+    assert c.upsert_device(again) is not None
+    stored = c.device("t1", "a")
+    assert stored is not None and stored.status.phase == "Pending"
+
+
+def test_a_removal_without_a_version_buries_what_was_stored() -> None:
+    """A 404 on our write removes the device; an echo no newer than what the view had stays out."""
+    c = Cluster()
+    seen = device("a")
+    seen["metadata"]["resourceVersion"] = "50"
+    c.upsert_device(seen)
+    c.remove_device("t1", "a")
+    echo = device("a", phase="Bound", node_name="n1")
+    echo["metadata"]["resourceVersion"] = "50"
+    assert c.upsert_device(echo) is None
+
+
+def test_classes_budgets_and_gpunodes_are_not_revived_by_late_echoes() -> None:
+    """The accountant and collector write status and finalizers on these too; the same rule holds."""
+    c = Cluster()
+    cls = gpu_class("a10")
+    cls["metadata"]["resourceVersion"] = "7"
+    c.remove_class("a10", resource_version="8")
+    c.upsert_class(cls)
+    assert "a10" not in c.classes
+    b = budget("cap")
+    b["metadata"]["resourceVersion"] = "7"
+    c.remove_budget("t1", "cap", resource_version="8")
+    c.upsert_budget(b)
+    assert ("t1", "cap") not in c.budgets
+    gn = {"metadata": {"name": "n1", "resourceVersion": "7"}}
+    c.remove_gpunode("n1", resource_version="8")
+    c.upsert_gpunode(gn)
+    assert "n1" not in c.gpunodes
+
+
+def test_tombstones_are_bounded() -> None:
+    """Only recent removals are remembered: echoes arrive within moments, memory stays flat."""
+    c = Cluster(tombstones=3)
+    for i in range(5):
+        c.remove_device("t1", f"d{i}", resource_version=str(100 + i))
+    late = device("d0")
+    late["metadata"]["resourceVersion"] = "1"
+    assert c.upsert_device(late) is not None  # forgotten: the oldest removal fell out
+    buried = device("d4")
+    buried["metadata"]["resourceVersion"] = "1"
+    assert c.upsert_device(buried) is None

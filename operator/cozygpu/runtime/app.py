@@ -104,26 +104,27 @@ class Operator:
         body = event.get("object") or {}
         meta = body.get("metadata", {})
         name, namespace = meta.get("name", ""), meta.get("namespace", "")
+        rv = meta.get("resourceVersion")  # a removal's version keeps late echoes of our writes out
         deleted = event.get("type") == "DELETED"
         c = self.cluster
         match kind:
             case "GPUDevice":
                 if deleted:
-                    c.remove_device(namespace, name)
+                    c.remove_device(namespace, name, rv)
                 else:
                     c.upsert_device(body)
                     self.reservations.seen(namespace, name)
                     self.collector.touch_device(namespace, name)
             case "GPUClass":
-                c.remove_class(name) if deleted else c.upsert_class(body)
+                c.remove_class(name, rv) if deleted else c.upsert_class(body)
                 self.collector.touch_class(name)
             case "VirtualMachineInstance":
                 c.remove_vmi(namespace, name) if deleted else c.upsert_vmi(body)
                 self.collector.touch_vmi(namespace, name)
             case "GPUBudget":
-                c.remove_budget(namespace, name) if deleted else c.upsert_budget(body)
+                c.remove_budget(namespace, name, rv) if deleted else c.upsert_budget(body)
             case "GPUNode":
-                c.remove_gpunode(name) if deleted else c.upsert_gpunode(body)
+                c.remove_gpunode(name, rv) if deleted else c.upsert_gpunode(body)
             case "Node":
                 if deleted:
                     c.remove_node(name)

@@ -144,11 +144,13 @@ class Collector:
         namespace = device.namespace or ""
         meta = device.metadata
         if action.do is Do.DELETE:
+            target: GPUDevice | None = device
             if FINALIZER_IN_USE in meta.finalizers:
-                device = await self._write_meta(
+                target = await self._write_meta(
                     device, finalizers=[f for f in meta.finalizers if f != FINALIZER_IN_USE]
                 )
-            await self._kube.delete(kinds.GPU_DEVICE, device.name, namespace, uid=device.metadata.uid)
+            if target is not None:  # None: dropping the finalizer already finished a deletion
+                await self._kube.delete(kinds.GPU_DEVICE, target.name, namespace, uid=target.metadata.uid)
             self._events.post(device, "Released", f"deleted: {action.reason}")
             return None
         if action.do in METADATA:
@@ -177,15 +179,15 @@ class Collector:
             self._events.post(device, "Released", action.reason)
         return self._seen(body)
 
-    async def _write_meta(self, device: GPUDevice, **changes: object) -> GPUDevice:
+    async def _write_meta(self, device: GPUDevice, **changes: object) -> GPUDevice | None:
         updated = device.model_copy(update={"metadata": device.metadata.model_copy(update=changes)})
         body = await self._kube.replace(kinds.GPU_DEVICE, updated.wire())
         return self._seen(body)
 
-    def _seen(self, body: dict[str, object]) -> GPUDevice:
+    def _seen(self, body: dict[str, object]) -> GPUDevice | None:
+        """The write's response into the view; None when the device was removed meanwhile."""
         stored = self._cluster.upsert_device(body)
         self._on_write()
-        assert stored is not None
         return stored
 
     # -- classes --------------------------------------------------------------

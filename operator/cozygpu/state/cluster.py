@@ -3,7 +3,8 @@
 Callers: the watch handlers (`runtime.handlers`) upsert and remove objects as events
 arrive; the binder upserts the bodies its own writes return, so a decision it made
 is counted before the watch echoes it (no unit is spent twice). An event older than
-what is stored (lower resourceVersion) is ignored for the same reason.
+what is stored (lower resourceVersion) is ignored for the same reason, and so is a
+write's response that lands after the object's removal (`tombstones`).
 """
 
 from __future__ import annotations
@@ -14,16 +15,9 @@ from typing import Any
 
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode
 from cozygpu.state.nodes import NodeInfo, node_info
+from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 DeviceKey = tuple[str, str]  # (namespace, name)
-
-
-def _rv(value: str | None) -> int:
-    # resourceVersions are etcd revisions: opaque by contract, integers in practice.
-    try:
-        return int(value or 0)
-    except ValueError:
-        return 0
 
 
 def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
@@ -34,13 +28,15 @@ def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
 
 
 def _newer(stored: str | None, incoming: str | None) -> bool:
-    return stored is None or _rv(incoming) >= _rv(stored)
+    return stored is None or version(incoming) >= version(stored)
 
 
 class Cluster:
     """Every object the decisions need, kept current from events."""
 
-    def __init__(self) -> None:
+    def __init__(self, tombstones: int = DEFAULT_LIMIT) -> None:
+        # Per kind the operator writes: devices, classes, budgets, GPUNodes.
+        self._gone = {kind: Tombstones(tombstones) for kind in ("device", "class", "budget", "gpunode")}
         self.classes: dict[str, GPUClass] = {}
         self.devices: dict[DeviceKey, GPUDevice] = {}
         self.budgets: dict[DeviceKey, GPUBudget] = {}
@@ -75,6 +71,8 @@ class Cluster:
         """Store a device unless what is stored is newer; returns the stored one."""
         device = body if isinstance(body, GPUDevice) else GPUDevice.from_wire(body)
         key = (device.namespace or "", device.name)
+        if self._gone["device"].stale(key, device.metadata.resource_version):
+            return None
         old = self.devices.get(key)
         if old is not None and not _newer(old.metadata.resource_version, device.metadata.resource_version):
             return old
@@ -90,9 +88,11 @@ class Cluster:
         self._touch(old, device)
         return device
 
-    def remove_device(self, namespace: str, name: str) -> None:
+    def remove_device(self, namespace: str, name: str, resource_version: str | None = None) -> None:
+        """Forget the device; `resource_version` is the removal's (a DELETED event's), if known."""
         key = (namespace, name)
         old = self.devices.pop(key, None)
+        self._bury("device", key, resource_version, old.metadata.resource_version if old else None)
         self._arrival.pop(key, None)
         if old is not None:
             self._unindex(key, old)
@@ -182,38 +182,50 @@ class Cluster:
 
     # -- the rest ----------------------------------------------------------
 
+    def _bury(self, kind: str, key: Any, removal: str | None, stored: str | None) -> None:
+        self._gone[kind].bury(key, max(version(removal), version(stored)))
+
     def upsert_gpunode(self, body: dict[str, Any]) -> None:
         node = GPUNode.from_wire(body)
+        if self._gone["gpunode"].stale(node.name, node.metadata.resource_version):
+            return
         old = self.gpunodes.get(node.name)
         if old is None or _newer(old.metadata.resource_version, node.metadata.resource_version):
             self.gpunodes[node.name] = node
 
-    def remove_gpunode(self, name: str) -> None:
-        self.gpunodes.pop(name, None)
+    def remove_gpunode(self, name: str, resource_version: str | None = None) -> None:
+        old = self.gpunodes.pop(name, None)
+        self._bury("gpunode", name, resource_version, old.metadata.resource_version if old else None)
 
     def upsert_class(self, body: dict[str, Any]) -> None:
         cls = GPUClass.from_wire(body)
+        if self._gone["class"].stale(cls.name, cls.metadata.resource_version):
+            return
         old = self.classes.get(cls.name)
         if old is None or _newer(old.metadata.resource_version, cls.metadata.resource_version):
             self.classes[cls.name] = cls
             self.capacity_generation += 1
             self.dirty_nodes |= set(self.nodes)
 
-    def remove_class(self, name: str) -> None:
-        self.classes.pop(name, None)
+    def remove_class(self, name: str, resource_version: str | None = None) -> None:
+        old = self.classes.pop(name, None)
+        self._bury("class", name, resource_version, old.metadata.resource_version if old else None)
         self.capacity_generation += 1
         self.dirty_nodes |= set(self.nodes)
 
     def upsert_budget(self, body: dict[str, Any]) -> None:
         budget = GPUBudget.from_wire(body)
         key = (budget.namespace or "", budget.name)
+        if self._gone["budget"].stale(key, budget.metadata.resource_version):
+            return
         old = self.budgets.get(key)
         if old is None or _newer(old.metadata.resource_version, budget.metadata.resource_version):
             self.budgets[key] = budget
             self.dirty_namespaces.add(key[0])
 
-    def remove_budget(self, namespace: str, name: str) -> None:
-        self.budgets.pop((namespace, name), None)
+    def remove_budget(self, namespace: str, name: str, resource_version: str | None = None) -> None:
+        old = self.budgets.pop((namespace, name), None)
+        self._bury("budget", (namespace, name), resource_version, old.metadata.resource_version if old else None)
 
     def upsert_node(self, body: dict[str, Any]) -> NodeInfo:
         node = node_info(body)
