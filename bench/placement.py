@@ -3,7 +3,9 @@
 Prints figures; asserts nothing (these machines are shared and noisy). Measures the
 pure decision paths the binder and the webhook run per request: placing a set,
 checking orders against budgets, and computing a GPUNode status, over a view of
-N nodes and M devices. Run: `make bench` (or `python bench/placement.py --nodes 500`).
+N nodes and M devices (every other one a template device owned by a running VMI);
+and the collector's safety-net sweep, which judges every device (§6.4).
+Run: `make bench` (or `python bench/placement.py --nodes 500`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import tracemalloc
 from collections.abc import Callable
 
 from cozygpu.api import GPUDevice
+from cozygpu.api.names import FINALIZER_IN_USE, LABEL_TEMPLATE_DEVICE
 from cozygpu.decisions.budgets import Order, check_orders
+from cozygpu.decisions.lifecycle import device_actions
 from cozygpu.decisions.nodestatus import gpunode_status
 from cozygpu.decisions.placement import place
 from cozygpu.state.cluster import Cluster
@@ -44,11 +48,18 @@ def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
                          "spec": {"limits": {"c0": 10_000}, "total": 100_000}})  # fmt: skip
     for d in range(devices):
         n = rng.randrange(nodes)
-        c.upsert_device({
-            "metadata": {"name": f"d{d}", "namespace": f"t{d % namespaces}", "resourceVersion": str(d + 2)},
-            "spec": {"className": f"c{n % len(RESOURCES)}", "count": 1},
-            "status": {"phase": "Bound", "nodeName": f"node-{n:05d}"},
-        })  # fmt: skip
+        ns = f"t{d % namespaces}"
+        meta: dict[str, object] = {"name": f"d{d}", "namespace": ns, "resourceVersion": str(d + 2)}
+        status: dict[str, object] = {"phase": "Bound", "nodeName": f"node-{n:05d}"}
+        if d % 2:  # a template device of a running VMI: attached, owned, protected
+            uid = f"uid-{d}"
+            c.upsert_vmi({"metadata": {"name": f"vm{d}", "namespace": ns, "uid": uid}})
+            meta.update(name=f"vm{d}-gpu-0", labels={LABEL_TEMPLATE_DEVICE: "true"}, finalizers=[FINALIZER_IN_USE],
+                        ownerReferences=[{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+                                          "name": f"vm{d}", "uid": uid}])  # fmt: skip
+            status["attachedTo"] = {"vmi": f"vm{d}", "uid": uid}
+        c.upsert_device({"metadata": meta, "spec": {"className": f"c{n % len(RESOURCES)}", "count": 1},
+                         "status": status})  # fmt: skip
     return c
 
 
@@ -82,12 +93,16 @@ def main() -> None:
     new = [GPUDevice.from_wire({"metadata": {"name": f"new{i}", "namespace": "t0"},
                                 "spec": {"className": "c0", "count": 1 + i % 2}}) for i in range(2)]  # fmt: skip
     timed("place a set of two new devices", lambda: place(c, new), args.rounds)
-    gather = [c.devices[("t0", "d0")], c.devices[("t1", "d1")]]
+    gather = [c.devices[("t0", "d0")], c.devices[("t2", "d2")]]
     timed("place a set gathering two Bound devices", lambda: place(c, gather), args.rounds)
     orders = [Order("t0", "c0", 1, "deviceTemplate 0"), Order("t0", "c0", 2, "deviceTemplate 1")]
     timed("check two orders against budgets", lambda: check_orders(c, orders), args.rounds)
     now = dt.datetime.now(dt.UTC)
     timed("compute one GPUNode status", lambda: gpunode_status(c, "node-00000", [], now), args.rounds)
+    grace = dt.timedelta(minutes=2)
+    sweep_rounds = max(3, args.rounds // 40)
+    timed("collector sweep: judge every device", lambda: [device_actions(c, d, now, grace) for d in c.devices.values()],
+          sweep_rounds)  # fmt: skip
 
 
 if __name__ == "__main__":

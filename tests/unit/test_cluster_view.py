@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cozygpu.state.cluster import Cluster
-from tests.builders import A10, EPOCH, budget, cluster, device, gpu_class, node, request
+from tests.builders import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, request
 
 
 def test_an_older_event_does_not_overwrite_a_newer_write() -> None:
@@ -136,3 +142,58 @@ def test_tombstones_are_bounded() -> None:
     buried = device("d4")
     buried["metadata"]["resourceVersion"] = "1"
     assert c.upsert_device(buried) is None
+
+
+def test_vmis_are_known_by_uid_and_a_new_one_of_the_name_replaces_the_old() -> None:
+    """§6.2: the uid index answers 'does this VMI exist' without a scan; a re-created name drops the old uid."""
+    c = Cluster()
+    c.upsert_vmi({"metadata": {"namespace": "t1", "name": "vm", "uid": "u1"}})
+    assert c.vmi_exists("u1")
+    c.upsert_vmi({"metadata": {"namespace": "t1", "name": "vm", "uid": "u2"}})
+    assert (c.vmi_exists("u1"), c.vmi_exists("u2")) == (False, True)
+    c.remove_vmi("t1", "vm")
+    assert not c.vmi_exists("u2")
+    assert not c.vmi_exists("")
+
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["bind", "unbind", "delete", "node"]),
+        st.integers(0, 5),  # which device (or node)
+        st.integers(0, 2),  # which node, or how many units a node gets
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_ops)
+def test_held_units_and_nodes_by_resource_always_match_a_recount(ops: list[tuple[str, int, int]]) -> None:
+    """The incremental indexes equal what summing every device and scanning every node would give."""
+    c = cluster(classes=[gpu_class("a10"), gpu_class("l40", L40S)])
+    versions = iter(range(1000, 10_000))
+    for op, i, j in ops:
+        name, cls = f"d{i}", ("a10", "l40")[i % 2]
+        body: dict[str, Any] | None = None
+        if op == "bind":
+            body = device(name, cls, 1 + i % 3, phase="Bound", node_name=f"n{j}")
+        elif op == "unbind":
+            body = device(name, cls, 1 + i % 3, phase="Pending")
+        elif op == "delete":
+            c.remove_device("t1", name, resource_version=str(next(versions)))
+        else:
+            gpus = {A10: j} if i % 2 else {A10: j, L40S: 1}
+            raw = node(f"n{i % 3}", gpus)
+            raw["metadata"]["resourceVersion"] = str(next(versions))
+            c.upsert_node(raw)
+        if body is not None:
+            body["metadata"]["resourceVersion"] = str(next(versions))
+            c.upsert_device(body)
+    recount: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for d in c.devices.values():
+        if d.holds_gpus and d.status.node_name:
+            recount[d.status.node_name][d.spec.class_name] += d.spec.count
+    for n in {f"n{k}" for k in range(3)} | set(recount):
+        assert c.held_by_class(n) == dict(recount.get(n, {}))
+    for resources in ({A10}, {L40S}, {A10, L40S}):
+        assert c.nodes_with(resources) == sorted(n.name for n in c.nodes.values() if resources <= n.allocatable.keys())

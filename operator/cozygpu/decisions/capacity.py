@@ -54,10 +54,10 @@ def resource_of(cluster: Cluster, device: GPUDevice) -> str | None:
 def held(cluster: Cluster, node: str) -> dict[str, int]:
     """Units held on the node per resource: the counts of its Bound devices (every namespace)."""
     out: dict[str, int] = defaultdict(int)
-    for device in cluster.devices_on(node):
-        resource = resource_of(cluster, device)
-        if device.holds_gpus and resource:
-            out[resource] += device.spec.count
+    for class_name, units in cluster.held_by_class(node).items():
+        cls = cluster.classes.get(class_name)
+        if cls is not None:
+            out[cls.spec.resource_name] += units
     return dict(out)
 
 

@@ -79,7 +79,7 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
         actions.append(Action(Do.CLEAR_REQUEST, "the bind request went unanswered"))  # §4
 
     if attached is None and is_template(device):
-        gone = owner is not None and owner not in cluster.vmis.values()
+        gone = owner is not None and not cluster.vmi_exists(owner)
         orphan = owner is None and _expired(device.metadata.creation_timestamp, now, grace)
         if gone or orphan:
             return [Action(Do.DELETE, "its VMI is gone" if gone else "no VMI uses it")]  # §6.3

@@ -88,10 +88,8 @@ def place(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlace
     resources = {c.spec.resource_name for c in classes.values()}
     best: tuple[tuple[int, int, str], tuple[str, ...]] | None = None
     reasons: list[str] = []
-    for name in sorted(cluster.nodes):
+    for name in cluster.nodes_with(resources):  # a node without the resources is not worth a reason
         node = cluster.nodes[name]
-        if not resources <= node.allocatable.keys():
-            continue  # not a GPU node of these resources: not worth a reason
         outcome = _evaluate(cluster, node, devices, classes)
         if isinstance(outcome, str):
             reasons.append(outcome)

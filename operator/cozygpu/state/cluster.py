@@ -48,8 +48,14 @@ class Cluster:
         self._open_requests: dict[str, set[DeviceKey]] = defaultdict(set)
         self._by_attachment: dict[DeviceKey, set[DeviceKey]] = defaultdict(set)  # (namespace, vmi) -> devices
         self._by_class: dict[str, set[DeviceKey]] = defaultdict(set)
+        # Units of Bound devices per node and class (a device's class never changes): free units
+        # per node without summing its devices on every decision.
+        self._held: dict[str, dict[str, int]] = {}
+        # Nodes by the resources in their allocatable: placement looks only at nodes that have them.
+        self._nodes_by_resource: dict[str, set[str]] = defaultdict(set)
         # VMIs with device references, by (namespace, name): their uid (§6).
         self.vmis: dict[DeviceKey, str] = {}
+        self._vmi_uids: set[str] = set()
         self._unbound: set[DeviceKey] = set()
         # Order of first sight: creation timestamps have one-second precision, so devices
         # created within a second are told apart by when the watch delivered them.
@@ -109,6 +115,9 @@ class Cluster:
     def _index(self, key: DeviceKey, device: GPUDevice) -> None:
         if device.status.node_name:
             self._by_node[device.status.node_name].add(key)
+        if device.holds_gpus and device.status.node_name:
+            units = self._held.setdefault(device.status.node_name, {})
+            units[device.spec.class_name] = units.get(device.spec.class_name, 0) + device.spec.count
         self._by_namespace[key[0]].add(key)
         self._by_class[device.spec.class_name].add(key)
         if device.status.attached_to is not None:
@@ -123,6 +132,13 @@ class Cluster:
 
     def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
         self._unbound.discard(key)
+        if device.holds_gpus and device.status.node_name:
+            units = self._held[device.status.node_name]
+            units[device.spec.class_name] -= device.spec.count
+            if not units[device.spec.class_name]:
+                del units[device.spec.class_name]
+                if not units:
+                    del self._held[device.status.node_name]
         request = device.status.bind_request
         attached = device.status.attached_to
         if attached is not None:
@@ -148,6 +164,17 @@ class Cluster:
         for key in self._by_node.get(node, ()):
             yield self.devices[key]
 
+    def held_by_class(self, node: str) -> dict[str, int]:
+        """Units held on the node by Bound devices, per class name."""
+        return self._held.get(node, {})
+
+    def nodes_with(self, resources: Iterable[str]) -> list[str]:
+        """Names of the nodes whose allocatable names every one of the resources, sorted."""
+        sets = [self._nodes_by_resource.get(r, set()) for r in resources]
+        if not sets:
+            return []
+        return sorted(set.intersection(*sets))
+
     def devices_in(self, namespace: str) -> Iterator[GPUDevice]:
         for key in self._by_namespace.get(namespace, ()):
             yield self.devices[key]
@@ -164,10 +191,17 @@ class Cluster:
 
     def upsert_vmi(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
-        self.vmis[(meta.get("namespace", ""), meta.get("name", ""))] = meta.get("uid", "")
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        self._vmi_uids.discard(self.vmis.get(key, ""))  # a new VMI of the name is another VMI (§6.2)
+        self.vmis[key] = meta.get("uid", "")
+        self._vmi_uids.add(self.vmis[key])
 
     def remove_vmi(self, namespace: str, name: str) -> None:
-        self.vmis.pop((namespace, name), None)
+        self._vmi_uids.discard(self.vmis.pop((namespace, name), ""))
+
+    def vmi_exists(self, uid: str) -> bool:
+        """Whether a VMI with this uid exists (any namespace, any name)."""
+        return bool(uid) and uid in self._vmi_uids
 
     def open_request_ids(self) -> list[str]:
         """Ids of bind requests that some device carries without a result."""
@@ -232,13 +266,25 @@ class Cluster:
         old = self.nodes.get(node.name)
         if old is not None and not _newer(old.resource_version, node.resource_version):
             return old
+        self._unindex_node(old)
         self.nodes[node.name] = node
+        for resource in node.allocatable:
+            self._nodes_by_resource[resource].add(node.name)
         self.capacity_generation += 1
         self.dirty_nodes.add(node.name)
         return node
 
+    def _unindex_node(self, node: NodeInfo | None) -> None:
+        if node is None:
+            return
+        for resource in node.allocatable:
+            names = self._nodes_by_resource[resource]
+            names.discard(node.name)
+            if not names:
+                del self._nodes_by_resource[resource]
+
     def remove_node(self, name: str) -> None:
-        self.nodes.pop(name, None)
+        self._unindex_node(self.nodes.pop(name, None))
         self.capacity_generation += 1
         self.dirty_nodes.add(name)
 
