@@ -235,6 +235,15 @@ def test_a_recent_succeeded_request_for_this_vmi_is_its_own_answer() -> None:
     assert admission.already_placed([m], "other", NOW) is None
 
 
+def test_an_answer_to_an_earlier_vmi_of_the_name_is_not_this_creates_own() -> None:
+    """A VMI under admission has no uid yet: an attachment carrying one was made for an earlier VMI object."""
+    c = base()
+    answered = request("r", "vm", ["d"], EPOCH, result="Succeeded")
+    answered["attachedTo"]["uid"] = "uid-of-the-vmi-that-was"
+    m = member(c, device("d", phase="Bound", node_name="n1", status=answered))
+    assert admission.already_placed([m], "vm", NOW) is None
+
+
 def test_judging_the_binders_answer() -> None:
     """All Succeeded and Bound on one node is success; otherwise the binder's message or what is wrong."""
     ok = model(device("a", phase="Bound", node_name="n1", status=request("r", "vm", ["a"], EPOCH, "Succeeded")))

@@ -259,7 +259,10 @@ def orders(namespace: str, members: Sequence[Member]) -> list[Order]:
 
 
 def already_placed(members: Sequence[Member], vmi: str, now: dt.datetime) -> str | None:
-    """§3 reinvocation: the node when a recent Succeeded request for this VMI placed exactly this set."""
+    """§3 reinvocation: the node when a recent Succeeded request for this VMI placed exactly this set.
+
+    Only attachments without a uid count: the VMI under admission has none yet (the API server
+    assigns it after mutating admission), so one with a uid was made for an earlier VMI of the name."""
     names = {m.device.name for m in members}
     node: str | None = None
     for m in members:
@@ -268,6 +271,7 @@ def already_placed(members: Sequence[Member], vmi: str, now: dt.datetime) -> str
         if (
             d.status.attached_to is None
             or d.status.attached_to.vmi != vmi
+            or d.status.attached_to.uid is not None
             or r is None
             or r.vmi != vmi
             or r.result is not BindResult.SUCCEEDED

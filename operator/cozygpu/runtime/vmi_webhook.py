@@ -176,7 +176,7 @@ class VMIAdmission:
                 raise Refusal(refusal or "the GPU binder could not place the set")
             log.info("vmi.bound", request_id=request.id, node=node, devices=request.devices)
             return node
-        except Refusal:
+        except (Refusal, InternalError):
             await self._undo(namespace, vmi, writes)
             raise
         except ApiError as e:
@@ -211,7 +211,11 @@ class VMIAdmission:
                 raise Refusal(f"{admission.ident(current)} is being deleted")
             if attached is not None and attached.vmi != vmi:
                 raise Refusal(f"{admission.ident(current)} is attached to VMI {attached.vmi}")
-            attaching = attached is None
+            # Attached to this name with a uid: made for an earlier VMI object (this one has no uid yet).
+            # If that VMI is gone (a restart racing the collector), the attachment becomes this call's.
+            attaching = attached is None or (
+                attached.uid is not None and not await self._vmi_exists(namespace, vmi, attached.uid)
+            )
             status = current.status.model_copy(
                 update={
                     "attached_to": Attachment(vmi=vmi, since=utcnow()) if attaching else attached,
@@ -233,6 +237,14 @@ class VMIAdmission:
             self._seen(body)
             return
         raise Refusal(f"GPUDevice {device.name} kept changing while being attached; KubeVirt retries the start")
+
+    async def _vmi_exists(self, namespace: str, name: str, uid: str) -> bool:
+        """Fresh from the API: the view may not have heard of the deletion yet, which is the race."""
+        try:
+            body = await self._kube.get_or_none(kinds.VMI, name, namespace)
+        except ApiError as e:
+            raise InternalError(f"reading VirtualMachineInstance {namespace}/{name}: {e.message}") from None
+        return body is not None and body.get("metadata", {}).get("uid") == uid
 
     async def _wait(self, namespace: str, request: BindRequest) -> list[GPUDevice] | None:
         """Until every device carries a result for the request, waking on view changes."""
