@@ -42,13 +42,16 @@ def test_a_request_written_while_the_binder_is_down_is_answered_after_restart(
 
 
 def test_readiness_waits_for_the_view_and_health_answers(control_plane: ControlPlane, tmp_path: Path) -> None:
-    """/readyz turns 200 only after the view synced (logged as operator.synced); /healthz answers."""
+    """/readyz turns 200 only after the view synced (logged as operator.synced); /healthz and /metrics answer."""
     operator = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log", "--no-webhooks").start()
     try:
         assert operator.events("operator.synced"), "ready before the view synced"
         health = requests.get(f"http://127.0.0.1:{operator.port}/healthz", timeout=2)
         assert (health.status_code, health.text) == (200, "ok")
         assert wait_for("ready", operator.ready)
+        metrics = requests.get(f"http://127.0.0.1:{operator.port}/metrics", timeout=2)
+        assert metrics.status_code == 200
+        assert "# TYPE cozygpu_devices gauge" in metrics.text
     finally:
         operator.stop()
     assert operator.events("operator.stopped")

@@ -38,9 +38,9 @@ def class_status(cluster: Cluster, cls: GPUClass) -> GPUClassStatus:
     """The nodes that serve the class and their units of its resource (informational)."""
     resource = cls.spec.resource_name
     nodes, allocatable, held_units = [], 0, 0
-    for name in sorted(cluster.nodes):
+    for name in cluster.nodes_with([resource]):
         node = cluster.nodes[name]
-        if resource not in node.allocatable or all(c.name != cls.name for c in served_classes(cluster, node)):
+        if all(c.name != cls.name for c in served_classes(cluster, node)):
             continue
         nodes.append(name)
         allocatable += node.units(resource)

@@ -9,9 +9,12 @@ reports ready.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import socket
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import kopf
@@ -25,6 +28,7 @@ from cozygpu.runtime.binder import Binder
 from cozygpu.runtime.collector import Collector
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.health import HealthServer
+from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.reservations import Reservations
 from cozygpu.runtime.validation import Denied, Validation
 from cozygpu.runtime.vmi_webhook import InternalError, Refusal, VMIAdmission
@@ -51,6 +55,7 @@ class Operator:
         sync = Kube.from_kubeconfig(settings.kubeconfig) if settings.kubeconfig else Kube.in_cluster()
         self.kube = AsyncKube(sync)
         self.cluster = Cluster()
+        self.metrics = Metrics(self.cluster)
         self.waiters = Waiters()
         self.reservations = Reservations(ttl=settings.webhook_timeout + 10)
         self.events = Recorder(self.kube)
@@ -62,6 +67,7 @@ class Operator:
             on_write=self._written,
             reserved=self.reservations.orders,
             events=self.events,
+            metrics=self.metrics,
         )
         self.collector = Collector(
             self.cluster,
@@ -80,7 +86,7 @@ class Operator:
             seen=self._seen,
         )
         self.validation = Validation(self.cluster, self.reservations)
-        self.health = HealthServer(settings.health_host, settings.health_port, self.readiness)
+        self.health = HealthServer(settings.health_host, settings.health_port, self.readiness, self.metrics.render)
         self.serving: webhooks.Serving | None = None
         self.synced = False
         self.webhooks_ready = settings.webhook_mode == "off"
@@ -152,35 +158,54 @@ class Operator:
 
     # -- admission -------------------------------------------------------------
 
-    async def mutate_vmi(self, body: dict[str, Any], patch: kopf.Patch, dry_run: bool) -> None:
+    @contextlib.contextmanager
+    def _timed(self, webhook: str) -> Iterator[None]:
+        """Observe the admission's latency by outcome: allowed, denied (403) or error."""
+        started, result = time.monotonic(), "allowed"
         try:
-            admitted = await self.vmis.admit(body, dry_run)
-        except Refusal as e:
-            raise kopf.AdmissionError(str(e), code=403) from None
-        except InternalError as e:
-            raise kopf.AdmissionError(f"the GPU operator could not check the VMI: {e}", code=500) from None
+            yield
+        except kopf.AdmissionError as e:
+            result = "denied" if e.code == 403 else "error"
+            raise
+        except Exception:
+            result = "error"
+            raise
+        finally:
+            self.metrics.admission.labels(webhook, result).observe(time.monotonic() - started)
+
+    async def mutate_vmi(self, body: dict[str, Any], patch: kopf.Patch, dry_run: bool) -> None:
+        with self._timed(webhooks.VMI_HOOK):
+            try:
+                admitted = await self.vmis.admit(body, dry_run)
+            except Refusal as e:
+                raise kopf.AdmissionError(str(e), code=403) from None
+            except InternalError as e:
+                raise kopf.AdmissionError(f"the GPU operator could not check the VMI: {e}", code=500) from None
         if admitted is not body:
             patch.fns.append(lambda target: _replace(target, admitted))
 
     async def validate_device(
         self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None, user: str, dry_run: bool
     ) -> None:
-        try:
-            await self.validation.device(operation, new, old, user, dry_run)
-        except Denied as e:
-            raise kopf.AdmissionError(str(e), code=403) from None
+        with self._timed(webhooks.DEVICE_HOOK):
+            try:
+                await self.validation.device(operation, new, old, user, dry_run)
+            except Denied as e:
+                raise kopf.AdmissionError(str(e), code=403) from None
 
     def validate_class(self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
-        try:
-            self.validation.gpu_class(operation, new, old)
-        except Denied as e:
-            raise kopf.AdmissionError(str(e), code=403) from None
+        with self._timed(webhooks.CLASS_HOOK):
+            try:
+                self.validation.gpu_class(operation, new, old)
+            except Denied as e:
+                raise kopf.AdmissionError(str(e), code=403) from None
 
     def validate_budget(self, new: dict[str, Any] | None, warnings: list[str]) -> None:
-        try:
-            self.validation.budget(new, warnings)
-        except Denied as e:
-            raise kopf.AdmissionError(str(e), code=403) from None
+        with self._timed(webhooks.BUDGET_HOOK):
+            try:
+                self.validation.budget(new, warnings)
+            except Denied as e:
+                raise kopf.AdmissionError(str(e), code=403) from None
 
     # -- lifecycle -------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from cozygpu.decisions.requests import Answer, Wait, assess
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import AsyncKube, Conflict, NotFound
 from cozygpu.runtime.events import Recorder
+from cozygpu.runtime.metrics import Metrics
 from cozygpu.state.cluster import Cluster, DeviceKey
 
 log = structlog.get_logger("cozygpu.binder")
@@ -46,6 +47,7 @@ class Binder:
         clock: Callable[[], dt.datetime] = utcnow,
         reserved: Callable[[], Sequence[Order]] = tuple,
         events: Recorder | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._cluster = cluster
         self._kube = kube
@@ -54,6 +56,7 @@ class Binder:
         self._clock = clock
         self._reserved = reserved
         self._events = events
+        self._metrics = metrics
         self._wake = asyncio.Event()
         # Capacity generation at a device's last failed placement: retry only when it moves.
         self._tried_at: dict[DeviceKey, int] = {}
@@ -132,6 +135,9 @@ class Binder:
             elif not device.holds_gpus:
                 self._post(device, "Bound", f"bound on node {outcome.node} for VMI {request.vmi}")
         placed = isinstance(outcome, Placement)
+        if self._metrics is not None:
+            waited = max(0.0, (self._clock() - request.requested_at).total_seconds())
+            self._metrics.bind.labels("Succeeded" if placed else "Failed").observe(waited)
         log.info(
             "bind.answered",
             request_id=request.id,

@@ -1,4 +1,4 @@
-"""/healthz and /readyz over plain HTTP (§10): ready only once nothing decides on a partial view."""
+"""/healthz, /readyz and /metrics over plain HTTP (§10): ready only once nothing decides on a partial view."""
 
 from __future__ import annotations
 
@@ -8,9 +8,16 @@ from aiohttp import web
 
 
 class HealthServer:
-    def __init__(self, host: str, port: int, ready: Callable[[], tuple[bool, str]]) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ready: Callable[[], tuple[bool, str]],
+        metrics: Callable[[], tuple[bytes, str]] | None = None,
+    ) -> None:
         self._host, self._port = host, port
         self._ready = ready
+        self._metrics = metrics
         self._runner: web.AppRunner | None = None
         self.port = port
 
@@ -21,10 +28,17 @@ class HealthServer:
         ok, why = self._ready()
         return web.Response(text="ok" if ok else why, status=200 if ok else 503)
 
+    async def _metrics_text(self, request: web.Request) -> web.Response:
+        if self._metrics is None:
+            raise web.HTTPNotFound()
+        body, content_type = self._metrics()
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
     async def start(self) -> None:
         app = web.Application()
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/metrics", self._metrics_text)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)

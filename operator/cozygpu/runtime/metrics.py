@@ -1,0 +1,136 @@
+"""Prometheus metrics (§10): latencies observed as they happen, the rest read at scrape time.
+
+`Metrics` owns its registry (no process-wide state). The Operator makes one, hands it to
+the binder and times its admission handlers with it; the health server serves it at
+`/metrics`. Gauges come from a collector over the cluster view and the statuses the
+accountant keeps there, so a scrape lists nothing from the API.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from cozygpu.api import Condition, ConditionStatus
+from cozygpu.api.names import CONDITION_LOST_CAPACITY, CONDITION_OVER_BUDGET
+from cozygpu.state.cluster import Cluster
+
+# Admissions answer in milliseconds unless they wait on the binder (bind timeout 10 s, webhook 20 s).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0)
+UNSEEN = "Unseen"  # the phase label of a device the operator has not decided on yet
+
+
+class Metrics:
+    def __init__(self, cluster: Cluster) -> None:
+        self.registry = CollectorRegistry()
+        self.admission = Histogram(
+            "cozygpu_admission_duration_seconds",
+            "Time to answer an admission review, by webhook and outcome (allowed, denied, error).",
+            ["webhook", "result"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.bind = Histogram(
+            "cozygpu_bind_duration_seconds",
+            "Time from a bind request being written to the binder's answer, by result.",
+            ["result"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(ViewCollector(cluster))
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type, for /metrics."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class ViewCollector(Collector):
+    """Devices by phase, units per node and class, budget use: what the view holds at scrape time."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield from self._devices()
+        yield from self._nodes()
+        yield from self._classes()
+        yield from self._budgets()
+
+    def _devices(self) -> Iterator[GaugeMetricFamily]:
+        c = self._cluster
+        phases = GaugeMetricFamily(
+            "cozygpu_devices", "GPUDevices by class and phase (Unseen: not decided on yet).", labels=["class", "phase"]
+        )
+        counts = Counter(
+            (d.spec.class_name, d.status.phase.value if d.status.phase else UNSEEN) for d in c.devices.values()
+        )
+        for (cls, phase), n in sorted(counts.items()):
+            phases.add_metric([cls, phase], n)
+        yield phases
+        yield GaugeMetricFamily(
+            "cozygpu_bind_requests_open", "Bind requests some device carries without an answer.",
+            value=len(c.open_request_ids()),
+        )  # fmt: skip
+
+    def _nodes(self) -> Iterator[GaugeMetricFamily]:
+        units = GaugeMetricFamily(
+            "cozygpu_node_units",
+            "GPU units per node and resource as its GPUNode says (state: allocatable, held, free).",
+            labels=["node", "resource", "state"],
+        )
+        lost = GaugeMetricFamily(
+            "cozygpu_node_lost_capacity", "1 while the node's LostCapacity condition is True.", labels=["node"]
+        )
+        for name, gpunode in sorted(self._cluster.gpunodes.items()):
+            for r in gpunode.status.resources:
+                for state, value in (("allocatable", r.allocatable), ("held", r.held), ("free", r.free)):
+                    units.add_metric([name, r.name, state], value)
+            lost.add_metric([name], _condition_true(gpunode.status.conditions, CONDITION_LOST_CAPACITY))
+        yield units
+        yield lost
+
+    def _classes(self) -> Iterator[GaugeMetricFamily]:
+        units = GaugeMetricFamily(
+            "cozygpu_class_units",
+            "GPU units of each class on the nodes that serve it (state: allocatable, held, free).",
+            labels=["class", "state"],
+        )
+        for name, cls in sorted(self._cluster.classes.items()):
+            for state, value in (("allocatable", cls.status.allocatable), ("held", cls.status.held),
+                                 ("free", cls.status.free)):  # fmt: skip
+                units.add_metric([name, state], value)
+        yield units
+
+    def _budgets(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["namespace", "budget", "class"]
+        used = GaugeMetricFamily("cozygpu_budget_used_units", "Units counting against a budget.", labels=labels)
+        limit = GaugeMetricFamily("cozygpu_budget_limit_units", "A budget's limit per class.", labels=labels)
+        used_total = GaugeMetricFamily(
+            "cozygpu_budget_used_total_units", "Units counting against a budget over all classes.",
+            labels=["namespace", "budget"],
+        )  # fmt: skip
+        limit_total = GaugeMetricFamily(
+            "cozygpu_budget_limit_total_units", "A budget's total, where it sets one.", labels=["namespace", "budget"]
+        )
+        over = GaugeMetricFamily(
+            "cozygpu_budget_over", "1 while a lowered budget is below what is held (OverBudget).",
+            labels=["namespace", "budget"],
+        )  # fmt: skip
+        for (namespace, name), b in sorted(self._cluster.budgets.items()):
+            for cls, n in sorted(b.status.used.items()):
+                used.add_metric([namespace, name, cls], n)
+            for cls, n in sorted(b.spec.limits.items()):
+                limit.add_metric([namespace, name, cls], n)
+            used_total.add_metric([namespace, name], b.status.used_total)
+            if b.spec.total is not None:
+                limit_total.add_metric([namespace, name], b.spec.total)
+            over.add_metric([namespace, name], _condition_true(b.status.conditions, CONDITION_OVER_BUDGET))
+        yield from (used, limit, used_total, limit_total, over)
+
+
+def _condition_true(conditions: list[Condition], type_: str) -> int:
+    return int(any(c.type == type_ and c.status is ConditionStatus.TRUE for c in conditions))

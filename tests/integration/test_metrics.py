@@ -1,0 +1,57 @@
+"""§10 metrics from the running operator: a real admission, bind and refusal show up in /metrics."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from cozygpu.api.names import API_VERSION
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import ApiError, Kube
+from tests.conftest import Gpu, GPUNodeFactory
+from tests.helpers import gpu_device_body, vmi_body
+
+pytestmark = pytest.mark.integration
+
+
+def scrape(operator: OperatorProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = requests.get(f"http://127.0.0.1:{operator.port}/metrics", timeout=5).text
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def sample(operator: OperatorProcess, name: str, **labels: str) -> float:
+    return scrape(operator).get((name, frozenset(labels.items())), 0.0)
+
+
+def test_admissions_binds_devices_nodes_and_budgets_are_measured(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """After one held device, one admitted VMI and one refused: each figure says so, with its labels."""
+    node = gpu_node({gpu.resource: 4}, name=f"m-{gpu.cls}")["metadata"]["name"]
+    kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
+                                   "metadata": {"name": "cap", "namespace": namespace},
+                                   "spec": {"limits": {gpu.cls: 3}}})  # fmt: skip
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("h", namespace, gpu.cls))
+    wait_for("h bound", lambda: kube.get(kinds.GPU_DEVICE, "h", namespace).get("status", {}).get("phase") == "Bound")
+    kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h"}]))
+    with pytest.raises(ApiError):
+        kube.create(kinds.VMI, vmi_body("other", namespace, [{"device": "h"}]))
+
+    assert sample(admitting, "cozygpu_admission_duration_seconds_count", webhook="vmi", result="allowed") >= 1
+    assert sample(admitting, "cozygpu_admission_duration_seconds_count", webhook="vmi", result="denied") >= 1
+    assert sample(admitting, "cozygpu_admission_duration_seconds_count", webhook="gpudevice", result="allowed") >= 1
+    assert sample(admitting, "cozygpu_bind_duration_seconds_count", result="Succeeded") >= 1
+    assert sample(admitting, "cozygpu_devices", **{"class": gpu.cls, "phase": "Bound"}) == 1
+    wait_for("node units", lambda: sample(admitting, "cozygpu_node_units", node=node, resource=gpu.resource,
+                                          state="held") == 1)  # fmt: skip
+    assert sample(admitting, "cozygpu_node_units", node=node, resource=gpu.resource, state="free") == 3
+    budget = {"namespace": namespace, "budget": "cap", "class": gpu.cls}
+    wait_for("budget use", lambda: sample(admitting, "cozygpu_budget_used_units", **budget) == 1)
+    assert sample(admitting, "cozygpu_budget_limit_units", **budget) == 3
+    kube.delete(kinds.VMI, "vm", namespace)

@@ -1,0 +1,83 @@
+"""§10 metrics: what a scrape shows is what the view holds, and latencies land in their histograms."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from cozygpu.runtime.metrics import Metrics
+from cozygpu.state.cluster import Cluster
+from tests.builders import A10, EPOCH, budget, cluster, device, gpu_class, node, request
+
+
+def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of one scrape, keyed by name and sorted labels."""
+    body, content_type = metrics.render()
+    assert content_type.startswith("text/plain")
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(body.decode())
+        for s in family.samples
+    }
+
+
+def view() -> Cluster:
+    c = cluster(
+        nodes=[node("n1", {A10: 4})],
+        classes=[gpu_class("a10")],
+        devices=[
+            device("bound", count=2, phase="Bound", node_name="n1"),
+            device("waiting", phase="Pending"),
+            device("new"),
+            device("asked", status=request("r1", "vm", ["asked"], EPOCH)),
+        ],
+    )
+    c.upsert_gpunode({
+        "metadata": {"name": "n1", "resourceVersion": "1"},
+        "status": {"resources": [{"name": A10, "allocatable": 4, "held": 2, "free": 2}],
+                   "conditions": [{"type": "LostCapacity", "status": "False"}]},
+    })  # fmt: skip
+    held = budget("cap", limits={"a10": 3}, total=5)
+    held["status"] = {"used": {"a10": 4}, "usedTotal": 4, "conditions": [{"type": "OverBudget", "status": "True"}]}
+    c.upsert_budget(held)
+    return c
+
+
+def test_devices_are_counted_by_class_and_phase() -> None:
+    """Bound, Pending and not yet decided (Unseen) devices per class; open requests counted apart."""
+    samples = scrape(Metrics(view()))
+    assert samples[("cozygpu_devices", (("class", "a10"), ("phase", "Bound")))] == 1
+    assert samples[("cozygpu_devices", (("class", "a10"), ("phase", "Pending")))] == 1
+    assert samples[("cozygpu_devices", (("class", "a10"), ("phase", "Unseen")))] == 2
+    assert samples[("cozygpu_bind_requests_open", ())] == 1
+
+
+def test_node_units_and_lost_capacity_follow_the_gpunode() -> None:
+    """allocatable, held and free per node and resource, and the LostCapacity condition as 0/1."""
+    samples = scrape(Metrics(view()))
+    for state, value in (("allocatable", 4), ("held", 2), ("free", 2)):
+        assert samples[("cozygpu_node_units", (("node", "n1"), ("resource", A10), ("state", state)))] == value
+    assert samples[("cozygpu_node_lost_capacity", (("node", "n1"),))] == 0
+
+
+def test_budget_use_limits_and_over_budget() -> None:
+    """Used against limit per class and in total; OverBudget as 1."""
+    samples = scrape(Metrics(view()))
+    key = (("budget", "cap"), ("class", "a10"), ("namespace", "t1"))
+    assert (samples[("cozygpu_budget_used_units", key)], samples[("cozygpu_budget_limit_units", key)]) == (4, 3)
+    total = (("budget", "cap"), ("namespace", "t1"))
+    assert samples[("cozygpu_budget_used_total_units", total)] == 4
+    assert samples[("cozygpu_budget_limit_total_units", total)] == 5
+    assert samples[("cozygpu_budget_over", total)] == 1
+
+
+def test_latencies_are_observed_by_webhook_and_result() -> None:
+    """Each observation counts once under its own labels; registries are per Metrics, never shared."""
+    metrics = Metrics(Cluster())
+    metrics.admission.labels("vmi", "denied").observe(0.02)
+    metrics.bind.labels("Succeeded").observe(0.3)
+    samples = scrape(metrics)
+    assert samples[("cozygpu_admission_duration_seconds_count", (("result", "denied"), ("webhook", "vmi")))] == 1
+    assert samples[("cozygpu_bind_duration_seconds_count", (("result", "Succeeded"),))] == 1
+    assert ("cozygpu_admission_duration_seconds_count", (("result", "denied"), ("webhook", "vmi"))) not in scrape(
+        Metrics(Cluster())
+    )
