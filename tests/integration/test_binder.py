@@ -163,6 +163,21 @@ def test_a_deleted_node_turns_its_devices_lost(
     assert name in lost["message"]
 
 
+def test_a_device_bound_to_a_node_that_is_not_there_turns_lost(
+    operator: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu
+) -> None:
+    """§5.6 from the view, not from one event: whatever made a device Bound to a missing node, it turns Lost.
+
+    A Lost write that loses a conflict must be tried again; so must a node the operator never saw."""
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("held", namespace, gpu.cls))
+    wait_for("waiting (no node serves the class)", lambda: status(kube, namespace, "held").get("phase") == "Pending")
+    body = kube.get(kinds.GPU_DEVICE, "held", namespace)
+    body["status"] = {"phase": "Bound", "nodeName": f"nowhere-{gpu.cls}"}
+    kube.replace_status(kinds.GPU_DEVICE, body)
+    lost = wait_for("held lost", lambda: (s := status(kube, namespace, "held")).get("phase") == "Lost" and s)
+    assert lost["nodeName"] == f"nowhere-{gpu.cls}"
+
+
 def test_an_unattached_lost_device_is_placed_again(
     operator: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
 ) -> None:

@@ -132,11 +132,7 @@ class Operator:
             case "GPUNode":
                 c.remove_gpunode(name, rv) if deleted else c.upsert_gpunode(body)
             case "Node":
-                if deleted:
-                    c.remove_node(name)
-                    self.binder.node_removed(name)
-                else:
-                    c.upsert_node(body)
+                c.remove_node(name) if deleted else c.upsert_node(body)
             case "Namespace":
                 c.remove_namespace(name) if deleted else c.upsert_namespace(body)
             case "KubeVirt":

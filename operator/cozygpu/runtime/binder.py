@@ -60,18 +60,12 @@ class Binder:
         self._wake = asyncio.Event()
         # Capacity generation at a device's last failed placement: retry only when it moves.
         self._tried_at: dict[DeviceKey, int] = {}
-        self._gone_nodes: set[str] = set()
 
     def poke(self) -> None:
         self._wake.set()
 
-    def node_removed(self, name: str) -> None:
-        self._gone_nodes.add(name)
-        self.poke()
-
     async def run(self) -> None:
         """Decide until cancelled; called once the cluster view has synced."""
-        self._gone_nodes |= {n for n in self._cluster.nodes_named_by_devices() if n not in self._cluster.nodes}
         while True:
             self._wake.clear()
             try:
@@ -154,10 +148,12 @@ class Binder:
     # -- devices outside requests (§5.5, §5.6) -------------------------------
 
     async def _mark_lost(self) -> None:
-        gone, self._gone_nodes = self._gone_nodes, set()
+        """§5.6: devices Bound to a node the view does not have turn Lost.
+
+        Derived from the view on every pass, not from the deletion event: a Lost write that
+        lost a conflict (the collector writing the same device) is simply tried again."""
+        gone = [n for n in self._cluster.nodes_named_by_devices() if n not in self._cluster.nodes]
         for node in sorted(gone):
-            if node in self._cluster.nodes:
-                continue
             for device in list(self._cluster.devices_on(node)):
                 if device.holds_gpus and device.status.node_name == node:
                     why = f"node {node} is gone"
