@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION, LABEL_DEVICE_REFERENCE
-from cozygpu.devcluster import nodes
+from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
@@ -87,8 +87,8 @@ def main() -> int:
         )
         kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
 
-        say("starting the operator (cozygpu run --dev), as its own user")
-        operator_config = plane.write_kubeconfig(Path(tmp) / "operator-kubeconfig", user="cozy-gpu-operator")
+        say("starting the operator (cozygpu run --dev) as its ServiceAccount, with the chart's RBAC only")
+        operator_config = identity.write_kubeconfig(plane, Path(tmp) / "operator-kubeconfig")
         operator = OperatorProcess(operator_config, Path(tmp) / "operator.log", "--dev").start()
         try:
             print(f"ready: http://127.0.0.1:{operator.port}/readyz")

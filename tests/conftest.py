@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cozygpu.devcluster import nodes
+from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
@@ -36,21 +36,36 @@ def kube(control_plane: ControlPlane) -> Kube:
     return control_plane.kube()
 
 
-OPERATOR_USER = "cozy-gpu-operator"
+OPERATOR_USER = identity.USERNAME
 
 
-def start_admitting_operator(plane: ControlPlane, directory: Path, *extra: str) -> OperatorProcess:
-    """The whole operator with webhooks (--dev), as its own user, so the template-label rule can tell it apart."""
-    kubeconfig = plane.write_kubeconfig(directory / "operator-kubeconfig", user=OPERATOR_USER, group="system:masters")
+@pytest.fixture(scope="session")
+def operator_kubeconfig(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operator's own identity: a ServiceAccount bound to the chart's ClusterRole and nothing more (§10).
+
+    Every operator the tests start runs as it, so every integration test also proves the RBAC is enough."""
+    return identity.write_kubeconfig(control_plane, tmp_path_factory.mktemp("identity") / "operator-kubeconfig")
+
+
+@pytest.fixture(scope="session")
+def as_operator(operator_kubeconfig: Path) -> Kube:
+    """A client with the operator's identity, for writing what only the operator may (template devices, §9.1)."""
+    return Kube.from_kubeconfig(operator_kubeconfig)
+
+
+def start_admitting_operator(kubeconfig: Path, directory: Path, *extra: str) -> OperatorProcess:
+    """The whole operator with webhooks (--dev), as its own identity, so the template-label rule can tell it apart."""
     process = OperatorProcess(kubeconfig, directory / "operator.log", "--dev", *extra).start()
     _RUNNING.append(process)
     return process
 
 
 @pytest.fixture(scope="module")
-def admitting(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def admitting(
+    control_plane: ControlPlane, operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
     """The operator with its webhooks registered, one per test module; unregistered after."""
-    process = start_admitting_operator(control_plane, tmp_path_factory.mktemp("admitting"), "--bind-timeout", "5")
+    process = start_admitting_operator(operator_kubeconfig, tmp_path_factory.mktemp("admitting"), "--bind-timeout", "5")
     yield process
     process.stop()
     kube = control_plane.kube()
@@ -59,10 +74,10 @@ def admitting(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFact
 
 
 @pytest.fixture(scope="module")
-def operator(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def operator(operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The operator without webhooks, one per test module, so tests can write what the webhook writes."""
     log = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = OperatorProcess(control_plane.kubeconfig_path, log, "--no-webhooks").start()
+    process = OperatorProcess(operator_kubeconfig, log, "--no-webhooks").start()
     _RUNNING.append(process)
     yield process
     process.stop()

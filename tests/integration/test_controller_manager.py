@@ -1,4 +1,4 @@
-"""With kube-controller-manager in the control plane (a fixture option): ownership works as in a cluster."""
+"""With kube-controller-manager in the control plane (a fixture option): ownership and roles work as in a cluster."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube import kinds
@@ -16,8 +17,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def with_gc() -> Iterator[ControlPlane]:
-    """A second control plane that also runs the garbage collector and namespace controllers."""
-    with ControlPlane(controllers=("garbagecollector", "namespace")) as plane:
+    """A second control plane that also runs the garbage collector, namespace and role aggregation controllers."""
+    with ControlPlane(controllers=("garbagecollector", "namespace", "clusterrole-aggregation")) as plane:
         yield plane
 
 
@@ -34,3 +35,19 @@ def test_the_ownerreference_we_write_lets_kubernetes_collect_a_template_device(w
     wait_for("collected", lambda: kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-0", "gc") is None, timeout=60)
     kube.delete(kinds.NAMESPACE, "gc")
     wait_for("namespace gone", lambda: kube.get_or_none(kinds.NAMESPACE, "gc") is None, timeout=60)
+
+
+def test_tenant_roles_aggregate_into_the_built_in_namespace_roles(with_gc: ControlPlane) -> None:
+    """§10: whoever may edit a namespace may order and release GPUs there; whoever may view it may read them."""
+    kube = with_gc.kube()
+    identity.install(kube, dev=False)
+
+    def grants(role: str, resource: str, verb: str) -> bool:
+        rules = kube.get(kinds.kind("ClusterRole"), role).get("rules") or []
+        return any(resource in r.get("resources", []) and verb in r.get("verbs", []) for r in rules)
+
+    for role in ("admin", "edit"):
+        wait_for(f"{role} aggregated", lambda r=role: grants(r, "gpudevices", "create"), timeout=30)
+        assert grants(role, "gpubudgets", "get")
+    wait_for("view aggregated", lambda: grants("view", "gpudevices", "list"), timeout=30)
+    assert not grants("view", "gpudevices", "create")

@@ -32,10 +32,10 @@ def lifecycle_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def operator_(control_plane: ControlPlane, lifecycle_dir: Path) -> Iterator[OperatorProcess]:
+def operator_(operator_kubeconfig: Path, lifecycle_dir: Path) -> Iterator[OperatorProcess]:
     """The whole operator with a short grace period, so collection is visible within a test."""
     process = start_admitting_operator(
-        control_plane, lifecycle_dir, "--grace-period", str(GRACE), "--sweep-interval", "2", "--bind-timeout", "5"
+        operator_kubeconfig, lifecycle_dir, "--grace-period", str(GRACE), "--sweep-interval", "2", "--bind-timeout", "5"
     )
     yield process
     process.stop()

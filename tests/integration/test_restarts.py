@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import requests
 
-from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, answer_of, logged, template_device, wait_for, write_request
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
@@ -19,14 +18,14 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_request_written_while_the_binder_is_down_is_answered_after_restart(
-    control_plane: ControlPlane, kube: Kube, namespace: str, gpu_node: GPUNodeFactory, tmp_path: Path
+    operator_kubeconfig: Path, kube: Kube, namespace: str, gpu_node: GPUNodeFactory, tmp_path: Path
 ) -> None:
     """Kill the operator, write a request, start it again: the request is answered, once."""
     tag = uuid.uuid4().hex[:6]
     resource, cls = f"example.com/gpu-{tag}", f"cls-{tag}"
     kube.create(kinds.GPU_CLASS, gpu_class_body(cls, resource))
     node = gpu_node({resource: 2}, name=f"restart-{tag}")["metadata"]["name"]
-    operator = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log", "--no-webhooks").start()
+    operator = OperatorProcess(operator_kubeconfig, tmp_path / "operator.log", "--no-webhooks").start()
     try:
         operator.kill()
         template_device(kube, namespace, "vm-gpu-0", cls, 2)
@@ -41,9 +40,9 @@ def test_a_request_written_while_the_binder_is_down_is_answered_after_restart(
         kube.delete(kinds.GPU_CLASS, cls)
 
 
-def test_readiness_waits_for_the_view_and_health_answers(control_plane: ControlPlane, tmp_path: Path) -> None:
+def test_readiness_waits_for_the_view_and_health_answers(operator_kubeconfig: Path, tmp_path: Path) -> None:
     """/readyz turns 200 only after the view synced (logged as operator.synced); /healthz and /metrics answer."""
-    operator = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log", "--no-webhooks").start()
+    operator = OperatorProcess(operator_kubeconfig, tmp_path / "operator.log", "--no-webhooks").start()
     try:
         assert operator.events("operator.synced"), "ready before the view synced"
         health = requests.get(f"http://127.0.0.1:{operator.port}/healthz", timeout=2)

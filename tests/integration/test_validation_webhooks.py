@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import concurrent.futures
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cozygpu.api.names import API_VERSION
-from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import OPERATOR_USER, Gpu, GPUNodeFactory
+from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_class_body, gpu_device_body, unique, update
 
 pytestmark = pytest.mark.integration
@@ -74,15 +72,13 @@ def test_concurrent_held_device_creates_cannot_together_pass_a_budget(
 
 
 def test_only_the_operator_creates_or_relabels_template_devices(
-    admitting: OperatorProcess, control_plane: ControlPlane, kube: Kube, namespace: str, gpu: Gpu,
-    gpu_node: GPUNodeFactory, tmp_path: Path,
-) -> None:  # fmt: skip
+    admitting: OperatorProcess, as_operator: Kube, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
     """§1.2/§9.1: a tenant (here admin) cannot fake a template device, nor add or drop the label."""
     gpu_node({gpu.resource: 2}, name=f"n-{gpu.cls}")
     labelled = gpu_device_body("vm-gpu-0", namespace, gpu.cls)
     labelled["metadata"]["labels"] = {"gpu.cozystack.io/template-device": "true"}
     assert "only the GPU operator may create devices labelled" in denied(kube, labelled)
-    as_operator = Kube.from_kubeconfig(control_plane.write_kubeconfig(tmp_path / "kc", user=OPERATOR_USER))
     as_operator.create(kinds.GPU_DEVICE, labelled)
     with pytest.raises(ApiError, match="only the GPU operator may add, change or remove the label"):
         update(kube, kinds.GPU_DEVICE, "vm-gpu-0", lambda b: b["metadata"].update(labels={}), namespace)

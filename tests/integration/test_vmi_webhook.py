@@ -10,7 +10,6 @@ import concurrent.futures
 import json
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,11 +18,10 @@ from hypothesis import strategies as st
 
 from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION
 from cozygpu.devcluster import nodes
-from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import OPERATOR_USER, Gpu, GPUNodeFactory
+from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_class_body, gpu_device_body, leftovers, stale, unique, vmi_body
 
 pytestmark = pytest.mark.integration
@@ -281,11 +279,10 @@ def test_template_reference_refusals(
 
 
 def test_existing_template_devices_that_are_not_this_vmis_are_refused(
-    admitting: OperatorProcess, control_plane: ControlPlane, kube: Kube, namespace: str, gpu: Gpu, room: str,
-    tmp_path: Path,
-) -> None:  # fmt: skip
+    admitting: OperatorProcess, as_operator: Kube, kube: Kube, namespace: str, gpu: Gpu, room: str
+) -> None:
     """§3.4: owned by an earlier VMI of the name, another class or count, attached to another VMI."""
-    operator = Kube.from_kubeconfig(control_plane.write_kubeconfig(tmp_path / "kc", user=OPERATOR_USER))
+    operator = as_operator
     owner = kube.create(kinds.VMI, vmi_body("old", namespace, [{"deviceTemplate": {"className": gpu.cls, "count": 1}}]))
 
     def template(name: str, count: int = 1, **meta: Any) -> None:

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
@@ -23,10 +22,10 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def silent(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def silent(operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """Webhooks on, binder off: no bind request is ever answered."""
     process = start_admitting_operator(
-        control_plane, Path(tmp_path_factory.mktemp("silent")), "--no-binder", "--bind-timeout", "2"
+        operator_kubeconfig, Path(tmp_path_factory.mktemp("silent")), "--no-binder", "--bind-timeout", "2"
     )
     yield process
     process.stop()

@@ -6,11 +6,10 @@ would pull the webhooks from under any other operator running in the same module
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
 import pytest
 
-from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from tests.conftest import start_admitting_operator
@@ -19,10 +18,10 @@ pytestmark = pytest.mark.integration
 
 
 def test_configurations_follow_section_3_and_go_away_on_exit(
-    control_plane: ControlPlane, kube: Kube, tmp_path: Any
+    operator_kubeconfig: Path, kube: Kube, tmp_path: Path
 ) -> None:
     """Registered before /readyz says ok, with §3's policies; removed when the operator stops."""
-    operator = start_admitting_operator(control_plane, tmp_path, "--webhook-timeout", "20")
+    operator = start_admitting_operator(operator_kubeconfig, tmp_path, "--webhook-timeout", "20")
     try:
         assert operator.ready()
         mutating = kube.get(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")["webhooks"][0]

@@ -55,23 +55,20 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def kubeconfig(server: str, ca: bytes, client: tls.KeyPair, user: str = "admin") -> dict[str, Any]:
+def kubeconfig(server: str, ca: bytes, credentials: dict[str, str], user: str = "admin") -> dict[str, Any]:
+    """A kubeconfig for this server; `credentials` is the user entry (client certificate or token)."""
     return {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "cozy-dev", "cluster": {"server": server, "certificate-authority-data": _b64(ca)}}],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate-data": _b64(client.cert_pem),
-                    "client-key-data": _b64(client.key_pem),
-                },
-            }
-        ],
+        "users": [{"name": user, "user": credentials}],
         "contexts": [{"name": "cozy-dev", "context": {"cluster": "cozy-dev", "user": user, "namespace": "default"}}],
         "current-context": "cozy-dev",
     }
+
+
+def client_certificate(client: tls.KeyPair) -> dict[str, str]:
+    return {"client-certificate-data": _b64(client.cert_pem), "client-key-data": _b64(client.key_pem)}
 
 
 def crd_manifests() -> list[dict[str, Any]]:
@@ -147,7 +144,15 @@ class ControlPlane:
 
     def write_kubeconfig(self, path: Path, user: str = "admin", group: str | None = "system:masters") -> Path:
         """A kubeconfig for `user` with a client certificate from this control plane's CA."""
-        config = kubeconfig(self.server, self.ca.cert_pem, self.ca.client(user, group), user)
+        credentials = client_certificate(self.ca.client(user, group))
+        return self._write(path, kubeconfig(self.server, self.ca.cert_pem, credentials, user))
+
+    def write_token_kubeconfig(self, path: Path, user: str, token: str) -> Path:
+        """A kubeconfig that authenticates with a bearer token (a ServiceAccount's, say)."""
+        return self._write(path, kubeconfig(self.server, self.ca.cert_pem, {"token": token}, user))
+
+    @staticmethod
+    def _write(path: Path, config: dict[str, Any]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(config))
         path.chmod(0o600)

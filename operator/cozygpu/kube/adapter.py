@@ -133,10 +133,16 @@ class Kube:
         except NotFound:
             return None
 
-    def list(self, kind: Kind, namespace: str | None = None, label_selector: str | None = None) -> list[Body]:
+    def list_versioned(
+        self, kind: Kind, namespace: str | None = None, label_selector: str | None = None
+    ) -> tuple[list[Body], str]:
+        """The items and the list's resourceVersion: the point in time the list shows."""
         params = {"labelSelector": label_selector} if label_selector else None
-        items: list[Body] = self._call("GET", kind, namespace=namespace, params=params)["items"]
-        return items
+        answer = self._call("GET", kind, namespace=namespace, params=params)
+        return answer["items"], str(answer.get("metadata", {}).get("resourceVersion", ""))
+
+    def list(self, kind: Kind, namespace: str | None = None, label_selector: str | None = None) -> list[Body]:
+        return self.list_versioned(kind, namespace, label_selector)[0]
 
     def create(self, kind: Kind, body: Body, *, dry_run: bool = False) -> Body:
         namespace = body.get("metadata", {}).get("namespace")
@@ -210,6 +216,14 @@ class Kube:
         response: requests.Response = self._api.request("POST", **kwargs)
         return response
 
+    def request_token(self, namespace: str, service_account: str, seconds: int = 86_400) -> str:
+        """A bound token for the ServiceAccount (TokenRequest), as the kubelet would mount one."""
+        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                   "spec": {"expirationSeconds": seconds}}  # fmt: skip
+        answer = self._call("POST", known.kind("ServiceAccount"), name=service_account, namespace=namespace,
+                            subresource="token", body=request)  # fmt: skip
+        return str(answer["status"]["token"])
+
     def whoami(self) -> str:
         """The username the API server sees for this client (SelfSubjectReview)."""
         review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
@@ -272,6 +286,9 @@ class AsyncKube:
 
     async def delete(self, kind: Kind, name: str, namespace: str | None = None, *, uid: str | None = None) -> bool:
         return await self._run(self.sync.delete, kind, name, namespace, uid=uid)
+
+    async def list_versioned(self, kind: Kind) -> tuple[list[Body], str]:
+        return await self._run(self.sync.list_versioned, kind)
 
     async def list(self, kind: Kind, namespace: str | None = None) -> list[Body]:
         return await self._run(self.sync.list, kind, namespace)

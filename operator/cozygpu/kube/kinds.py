@@ -28,6 +28,7 @@ _ALL = {
     "Node": Kind("v1", "Node", "nodes", False),
     "Namespace": Kind("v1", "Namespace", "namespaces", False),
     "Event": Kind("v1", "Event", "events", True),
+    "ServiceAccount": Kind("v1", "ServiceAccount", "serviceaccounts", True),
     "VirtualMachineInstance": Kind(KUBEVIRT_API_VERSION, "VirtualMachineInstance", "virtualmachineinstances", True),
     "VirtualMachine": Kind(KUBEVIRT_API_VERSION, "VirtualMachine", "virtualmachines", True),
     "KubeVirt": Kind(KUBEVIRT_API_VERSION, "KubeVirt", "kubevirts", True),
@@ -46,6 +47,7 @@ _ALL = {
     "SelfSubjectReview": Kind("authentication.k8s.io/v1", "SelfSubjectReview", "selfsubjectreviews", False),
     "ClusterRole": Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
     "ClusterRoleBinding": Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
+    "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
 }
 
 
