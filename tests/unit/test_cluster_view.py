@@ -197,3 +197,44 @@ def test_held_units_and_nodes_by_resource_always_match_a_recount(ops: list[tuple
         assert c.held_by_class(n) == dict(recount.get(n, {}))
     for resources in ({A10}, {L40S}, {A10, L40S}):
         assert c.nodes_with(resources) == sorted(n.name for n in c.nodes.values() if resources <= n.allocatable.keys())
+
+
+def _vmi(name: str, uid: str, rv: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": "t1", "name": name, "uid": uid, "resourceVersion": rv}}
+
+
+def test_a_resync_finds_what_a_list_lacks_at_an_older_version_only() -> None:
+    """§6.4: stored at or before the list's version and not listed: removed unseen; newer: arrived after the list."""
+    c = Cluster()
+    for name, rv in (("gone", "10"), ("kept", "11"), ("late", "30")):
+        d = device(name)
+        d["metadata"]["resourceVersion"] = rv
+        c.upsert_device(d)
+    assert c.missing("GPUDevice", {("t1", "kept")}, "20") == [("t1", "gone")]
+    c.upsert_vmi(_vmi("vm", "u1", "5"))
+    assert c.missing("VirtualMachineInstance", set(), "20") == [("t1", "vm")]
+    c.upsert_node(node("n1", {A10: 1}))
+    assert c.missing("Node", set(), "0") == []
+
+
+def test_an_older_vmi_event_or_list_never_replaces_a_newer_vmi() -> None:
+    """A list taken before a VMI was re-created must not put the old uid back (§6.2: the uid is the VMI)."""
+    c = Cluster()
+    c.upsert_vmi(_vmi("vm", "new-uid", "50"))
+    c.upsert_vmi(_vmi("vm", "old-uid", "40"))
+    assert c.vmis[("t1", "vm")] == "new-uid"
+    assert not c.vmi_exists("old-uid")
+
+
+def test_a_removed_vmi_or_node_is_not_brought_back_by_a_list_taken_before() -> None:
+    """The DELETED event came first; the older list that still shows the object must not revive it."""
+    c = Cluster()
+    c.upsert_vmi(_vmi("vm", "u1", "5"))
+    c.remove_vmi("t1", "vm", resource_version="9")
+    c.upsert_vmi(_vmi("vm", "u1", "5"))
+    assert ("t1", "vm") not in c.vmis
+    old = node("n1", {A10: 1})
+    old["metadata"]["resourceVersion"] = "5"
+    c.remove_node("n1", resource_version="9")
+    assert c.upsert_node(old) is None
+    assert "n1" not in c.nodes

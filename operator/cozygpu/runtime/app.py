@@ -34,12 +34,15 @@ from cozygpu.runtime.validation import Denied, Validation
 from cozygpu.runtime.vmi_webhook import InternalError, Refusal, VMIAdmission
 from cozygpu.runtime.waiters import Waiters
 from cozygpu.settings import Settings
-from cozygpu.state.cluster import Cluster
+from cozygpu.state.cluster import KINDS, Cluster
 
 log = structlog.get_logger("cozygpu.operator")
 
-# Every kind the view holds, listed once at start-up and watched after.
-WATCHED = ("GPUClass", "GPUDevice", "GPUBudget", "GPUNode", "Node", "Namespace", "KubeVirt", "VirtualMachineInstance")
+# Every kind the view holds: listed at start-up and on each resync, watched in between.
+WATCHED = KINDS
+NAMESPACED = frozenset({"GPUDevice", "GPUBudget", "KubeVirt", "VirtualMachineInstance"})
+# The first resync closes the start-up race between our list and the watch's own.
+FIRST_RESYNC = 5.0
 
 
 def _free_port(host: str) -> int:
@@ -125,18 +128,18 @@ class Operator:
                 c.remove_class(name, rv) if deleted else c.upsert_class(body)
                 self.collector.touch_class(name)
             case "VirtualMachineInstance":
-                c.remove_vmi(namespace, name) if deleted else c.upsert_vmi(body)
+                c.remove_vmi(namespace, name, rv) if deleted else c.upsert_vmi(body)
                 self.collector.touch_vmi(namespace, name)
             case "GPUBudget":
                 c.remove_budget(namespace, name, rv) if deleted else c.upsert_budget(body)
             case "GPUNode":
                 c.remove_gpunode(name, rv) if deleted else c.upsert_gpunode(body)
             case "Node":
-                c.remove_node(name) if deleted else c.upsert_node(body)
+                c.remove_node(name, rv) if deleted else c.upsert_node(body)
             case "Namespace":
-                c.remove_namespace(name) if deleted else c.upsert_namespace(body)
+                c.remove_namespace(name, rv) if deleted else c.upsert_namespace(body)
             case "KubeVirt":
-                c.remove_kubevirt(namespace, name) if deleted else c.upsert_kubevirt(body)
+                c.remove_kubevirt(namespace, name, rv) if deleted else c.upsert_kubevirt(body)
         if self.synced:
             self.binder.poke()
             self.accountant.poke()
@@ -226,14 +229,13 @@ class Operator:
 
     async def startup(self) -> None:
         await self.health.start()
-        for kind in WATCHED:
-            for item in await self.kube.list(kinds.kind(kind)):
-                self.on_event(kind, {"type": None, "object": item})
+        await self.resync()
         self.validation.operator_user = await self.kube.whoami()
         self.synced = True
         self._tasks = [
             asyncio.create_task(self.accountant.run(), name="accountant"),
             asyncio.create_task(self.collector.run(), name="collector"),
+            asyncio.create_task(self._resync_every(self.settings.sweep_interval), name="resync"),
         ]
         if self.settings.binder:
             self._tasks.append(asyncio.create_task(self.binder.run(), name="binder"))
@@ -247,6 +249,35 @@ class Operator:
             identity=self.validation.operator_user,
             health_port=self.health.port,
         )
+
+    async def resync(self) -> int:
+        """List every kind and make the view agree (§6.4); returns how many objects it had lost track of.
+
+        Listed objects go in as events (older versions are ignored); what the view holds at a version
+        no newer than the list but the list lacks was removed where no watch event said so, and is
+        removed here the way a DELETED event would remove it (a VMI's devices are detached, say)."""
+        forgotten = 0
+        for kind in WATCHED:
+            items, version = await self.kube.list_versioned(kinds.kind(kind))
+            for item in items:
+                self.on_event(kind, {"type": None, "object": item})
+            listed = {_key(kind, item) for item in items}
+            for key in self.cluster.missing(kind, listed, version):
+                namespace, name = key if isinstance(key, tuple) else ("", key)
+                gone = {"metadata": {"name": name, "namespace": namespace, "resourceVersion": version}}
+                self.on_event(kind, {"type": "DELETED", "object": gone})
+                log.info("view.forgot", kind=kind, namespace=namespace or None, name=name)
+                forgotten += 1
+        return forgotten
+
+    async def _resync_every(self, interval: float) -> None:
+        await asyncio.sleep(min(FIRST_RESYNC, interval))
+        while True:
+            try:
+                await self.resync()
+            except ApiError as e:
+                log.warning("view.resync_failed", error=e.message)
+            await asyncio.sleep(interval)
 
     async def _serve_webhooks(self) -> None:
         """Wait until kopf's server accepts connections, register (dev), then report ready."""
@@ -302,6 +333,11 @@ class Operator:
             insecure=conn.insecure,
             default_namespace=conn.namespace,
         )
+
+
+def _key(kind: str, body: dict[str, Any]) -> Any:
+    meta = body.get("metadata", {})
+    return (meta.get("namespace", ""), meta.get("name", "")) if kind in NAMESPACED else meta.get("name", "")
 
 
 def _replace(target: Any, admitted: dict[str, Any]) -> None:

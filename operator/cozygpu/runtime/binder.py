@@ -214,8 +214,8 @@ class Binder:
             if new != current and not await self._write(new):
                 continue
             self._tried_at[key] = generation
-            if current.status.phase is None or current.status.message != outcome.message:
-                log.info("device.waiting", namespace=key[0], device=key[1], message=outcome.message)
+            if current.status.phase is None or current.status.message != new.status.message:
+                log.info("device.waiting", namespace=key[0], device=key[1], message=new.status.message)
         return False
 
     # -- writes ----------------------------------------------------------------

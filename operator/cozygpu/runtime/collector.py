@@ -150,7 +150,9 @@ class Collector:
                     device, finalizers=[f for f in meta.finalizers if f != FINALIZER_IN_USE]
                 )
             if target is not None:  # None: dropping the finalizer already finished a deletion
-                await self._kube.delete(kinds.GPU_DEVICE, target.name, namespace, uid=target.metadata.uid)
+                gone = not await self._kube.delete(kinds.GPU_DEVICE, target.name, namespace, uid=target.metadata.uid)
+                if gone:  # deleted before we got to it, and the view missed it (a watch gap): forget it
+                    self._cluster.remove_device(namespace, target.name)
             self._events.post(device, "Released", f"deleted: {action.reason}")
             return None
         if action.do in METADATA:
@@ -209,6 +211,10 @@ class Collector:
                 self._cluster.remove_class(cls.name)
             else:
                 self._cluster.upsert_class(fresh)
+            return
+        except ApiError as e:
+            # Say so and go on with the rest of the pass; the next sweep tries again.
+            log.warning("collector.write_failed", gpuclass=cls.name, error=e.message)
             return
         self._cluster.upsert_class(body)
         log.info(f"class.{action.value}", gpuclass=cls.name)

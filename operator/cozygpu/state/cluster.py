@@ -19,6 +19,9 @@ from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 DeviceKey = tuple[str, str]  # (namespace, name)
 
+# Every kind the view holds, by the name the watch handlers use.
+KINDS = ("GPUClass", "GPUDevice", "GPUBudget", "GPUNode", "Node", "Namespace", "KubeVirt", "VirtualMachineInstance")
+
 
 def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
     if value in index:
@@ -35,8 +38,8 @@ class Cluster:
     """Every object the decisions need, kept current from events."""
 
     def __init__(self, tombstones: int = DEFAULT_LIMIT) -> None:
-        # Per kind the operator writes: devices, classes, budgets, GPUNodes.
-        self._gone = {kind: Tombstones(tombstones) for kind in ("device", "class", "budget", "gpunode")}
+        # Per kind: our own writes' responses and resync lists can arrive after a removal.
+        self._gone = {kind: Tombstones(tombstones) for kind in KINDS}
         self.classes: dict[str, GPUClass] = {}
         self.devices: dict[DeviceKey, GPUDevice] = {}
         self.budgets: dict[DeviceKey, GPUBudget] = {}
@@ -55,6 +58,8 @@ class Cluster:
         self._nodes_by_resource: dict[str, set[str]] = defaultdict(set)
         # VMIs with device references, by (namespace, name): their uid (§6).
         self.vmis: dict[DeviceKey, str] = {}
+        # Versions of what is stored as plain data (VMIs, namespaces, KubeVirt CRs), for resyncs.
+        self._raw_versions: dict[str, dict[Any, int]] = {"VirtualMachineInstance": {}, "Namespace": {}, "KubeVirt": {}}
         self._vmi_uids: set[str] = set()
         self._unbound: set[DeviceKey] = set()
         # Order of first sight: creation timestamps have one-second precision, so devices
@@ -77,7 +82,7 @@ class Cluster:
         """Store a device unless what is stored is newer; returns the stored one."""
         device = body if isinstance(body, GPUDevice) else GPUDevice.from_wire(body)
         key = (device.namespace or "", device.name)
-        if self._gone["device"].stale(key, device.metadata.resource_version):
+        if self._gone["GPUDevice"].stale(key, device.metadata.resource_version):
             return None
         old = self.devices.get(key)
         if old is not None and not _newer(old.metadata.resource_version, device.metadata.resource_version):
@@ -98,7 +103,7 @@ class Cluster:
         """Forget the device; `resource_version` is the removal's (a DELETED event's), if known."""
         key = (namespace, name)
         old = self.devices.pop(key, None)
-        self._bury("device", key, resource_version, old.metadata.resource_version if old else None)
+        self._bury("GPUDevice", key, resource_version, old.metadata.resource_version if old else None)
         self._arrival.pop(key, None)
         if old is not None:
             self._unindex(key, old)
@@ -189,15 +194,30 @@ class Cluster:
     def devices_of_class(self, name: str) -> list[GPUDevice]:
         return [self.devices[k] for k in self._by_class.get(name, ())]
 
+    def _admit_raw(self, kind: str, key: Any, meta: dict[str, Any]) -> bool:
+        """Whether a plain-data object's event is news: not older than what is stored, not a removed one's echo."""
+        incoming = meta.get("resourceVersion")
+        if self._gone[kind].stale(key, incoming):
+            return False
+        stored = self._raw_versions[kind].get(key)
+        return stored is None or version(incoming) >= stored
+
+    def _bury_raw(self, kind: str, key: Any, removal: str | None) -> None:
+        self._gone[kind].bury(key, max(version(removal), self._raw_versions[kind].pop(key, 0)))
+
     def upsert_vmi(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
         key = (meta.get("namespace", ""), meta.get("name", ""))
+        if not self._admit_raw("VirtualMachineInstance", key, meta):
+            return
         self._vmi_uids.discard(self.vmis.get(key, ""))  # a new VMI of the name is another VMI (§6.2)
         self.vmis[key] = meta.get("uid", "")
         self._vmi_uids.add(self.vmis[key])
+        self._raw_versions["VirtualMachineInstance"][key] = version(meta.get("resourceVersion"))
 
-    def remove_vmi(self, namespace: str, name: str) -> None:
+    def remove_vmi(self, namespace: str, name: str, resource_version: str | None = None) -> None:
         self._vmi_uids.discard(self.vmis.pop((namespace, name), ""))
+        self._bury_raw("VirtualMachineInstance", (namespace, name), resource_version)
 
     def vmi_exists(self, uid: str) -> bool:
         """Whether a VMI with this uid exists (any namespace, any name)."""
@@ -221,7 +241,7 @@ class Cluster:
 
     def upsert_gpunode(self, body: dict[str, Any]) -> None:
         node = GPUNode.from_wire(body)
-        if self._gone["gpunode"].stale(node.name, node.metadata.resource_version):
+        if self._gone["GPUNode"].stale(node.name, node.metadata.resource_version):
             return
         old = self.gpunodes.get(node.name)
         if old is None or _newer(old.metadata.resource_version, node.metadata.resource_version):
@@ -229,11 +249,11 @@ class Cluster:
 
     def remove_gpunode(self, name: str, resource_version: str | None = None) -> None:
         old = self.gpunodes.pop(name, None)
-        self._bury("gpunode", name, resource_version, old.metadata.resource_version if old else None)
+        self._bury("GPUNode", name, resource_version, old.metadata.resource_version if old else None)
 
     def upsert_class(self, body: dict[str, Any]) -> None:
         cls = GPUClass.from_wire(body)
-        if self._gone["class"].stale(cls.name, cls.metadata.resource_version):
+        if self._gone["GPUClass"].stale(cls.name, cls.metadata.resource_version):
             return
         old = self.classes.get(cls.name)
         if old is None or _newer(old.metadata.resource_version, cls.metadata.resource_version):
@@ -243,14 +263,14 @@ class Cluster:
 
     def remove_class(self, name: str, resource_version: str | None = None) -> None:
         old = self.classes.pop(name, None)
-        self._bury("class", name, resource_version, old.metadata.resource_version if old else None)
+        self._bury("GPUClass", name, resource_version, old.metadata.resource_version if old else None)
         self.capacity_generation += 1
         self.dirty_nodes |= set(self.nodes)
 
     def upsert_budget(self, body: dict[str, Any]) -> None:
         budget = GPUBudget.from_wire(body)
         key = (budget.namespace or "", budget.name)
-        if self._gone["budget"].stale(key, budget.metadata.resource_version):
+        if self._gone["GPUBudget"].stale(key, budget.metadata.resource_version):
             return
         old = self.budgets.get(key)
         if old is None or _newer(old.metadata.resource_version, budget.metadata.resource_version):
@@ -259,10 +279,12 @@ class Cluster:
 
     def remove_budget(self, namespace: str, name: str, resource_version: str | None = None) -> None:
         old = self.budgets.pop((namespace, name), None)
-        self._bury("budget", (namespace, name), resource_version, old.metadata.resource_version if old else None)
+        self._bury("GPUBudget", (namespace, name), resource_version, old.metadata.resource_version if old else None)
 
-    def upsert_node(self, body: dict[str, Any]) -> NodeInfo:
+    def upsert_node(self, body: dict[str, Any]) -> NodeInfo | None:
         node = node_info(body)
+        if self._gone["Node"].stale(node.name, node.resource_version):
+            return None
         old = self.nodes.get(node.name)
         if old is not None and not _newer(old.resource_version, node.resource_version):
             return old
@@ -283,13 +305,17 @@ class Cluster:
             if not names:
                 del self._nodes_by_resource[resource]
 
-    def remove_node(self, name: str) -> None:
-        self._unindex_node(self.nodes.pop(name, None))
+    def remove_node(self, name: str, resource_version: str | None = None) -> None:
+        old = self.nodes.pop(name, None)
+        self._bury("Node", name, resource_version, old.resource_version if old else None)
+        self._unindex_node(old)
         self.capacity_generation += 1
         self.dirty_nodes.add(name)
 
     def upsert_kubevirt(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
+        if not self._admit_raw("KubeVirt", (meta.get("namespace", ""), meta.get("name", "")), meta):
+            return
         permitted = (body.get("spec", {}).get("configuration") or {}).get("permittedHostDevices") or {}
         names = {
             d["resourceName"]
@@ -297,18 +323,49 @@ class Cluster:
             for d in permitted.get(key) or []
             if isinstance(d, dict) and d.get("resourceName")
         }
-        self.kubevirts[(meta.get("namespace", ""), meta.get("name", ""))] = names
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        self.kubevirts[key] = names
+        self._raw_versions["KubeVirt"][key] = version(meta.get("resourceVersion"))
 
-    def remove_kubevirt(self, namespace: str, name: str) -> None:
+    def remove_kubevirt(self, namespace: str, name: str, resource_version: str | None = None) -> None:
         self.kubevirts.pop((namespace, name), None)
+        self._bury_raw("KubeVirt", (namespace, name), resource_version)
 
     def upsert_namespace(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
+        if not self._admit_raw("Namespace", meta.get("name", ""), meta):
+            return
         self.namespaces[meta.get("name", "")] = dict(meta.get("labels") or {})
         self.dirty_namespaces.add(meta.get("name", ""))
+        self._raw_versions["Namespace"][meta.get("name", "")] = version(meta.get("resourceVersion"))
 
-    def remove_namespace(self, name: str) -> None:
+    def remove_namespace(self, name: str, resource_version: str | None = None) -> None:
         self.namespaces.pop(name, None)
+        self._bury_raw("Namespace", name, resource_version)
+
+    # -- resyncs (§6.4) -------------------------------------------------------
+
+    def missing(self, kind: str, listed: set[Any], list_version: str | None) -> list[Any]:
+        """Keys of `kind` the view holds that a list at `list_version` lacks, stored at a version no newer.
+
+        Such an object was removed while no watch event could say so (the start-up race between two
+        lists, a watch gap); what is newer than the list arrived after it and stays."""
+        stored: dict[Any, int]
+        match kind:
+            case "GPUDevice":
+                stored = {k: version(d.metadata.resource_version) for k, d in self.devices.items()}
+            case "GPUClass":
+                stored = {k: version(c.metadata.resource_version) for k, c in self.classes.items()}
+            case "GPUBudget":
+                stored = {k: version(b.metadata.resource_version) for k, b in self.budgets.items()}
+            case "GPUNode":
+                stored = {k: version(n.metadata.resource_version) for k, n in self.gpunodes.items()}
+            case "Node":
+                stored = {k: version(n.resource_version) for k, n in self.nodes.items()}
+            case _:
+                stored = self._raw_versions[kind]
+        limit = version(list_version)
+        return sorted((k for k, v in stored.items() if k not in listed and v <= limit), key=str)
 
     def namespace_labels(self, namespace: str) -> dict[str, str]:
         # Every namespace carries kubernetes.io/metadata.name; keep selectors on it working
