@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from cozygpu.devcluster import identity
 from cozygpu.kube import kinds
-from cozygpu.kube.adapter import Kube
-from tests.conftest import start_admitting_operator
+from cozygpu.kube.adapter import ApiError, Kube
+from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
+from tests.helpers import gpu_device_body, update
 
 pytestmark = pytest.mark.integration
 
@@ -33,7 +35,32 @@ def test_configurations_follow_section_3_and_go_away_on_exit(
         validating = kube.get(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator")["webhooks"]
         assert sorted(w["name"] for w in validating) == [
             "gpubudget.gpu.cozystack.io", "gpuclass.gpu.cozystack.io", "gpudevice.gpu.cozystack.io"]  # fmt: skip
+        skip_ourselves = f'request.userInfo.username != "{identity.USERNAME}"'
+        assert all(w["matchConditions"] == [{"name": "not-the-operator", "expression": skip_ourselves}]
+                   for w in validating)  # fmt: skip
     finally:
         operator.stop()
     assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator") is None
     assert kube.get_or_none(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator") is None
+
+
+def test_the_operator_never_waits_on_its_own_webhook(
+    operator_kubeconfig: Path, as_operator: Kube, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory,
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """Killed, its configurations point at nothing: others' writes fail closed, its own (finalizers) still land."""
+    gpu_node({gpu.resource: 1}, name=f"self-{gpu.cls}")
+    operator = start_admitting_operator(operator_kubeconfig, tmp_path)
+    try:
+        kube.create(kinds.GPU_DEVICE, gpu_device_body("h", namespace, gpu.cls))
+        operator.kill()
+        with pytest.raises(ApiError, match="failed calling webhook"):
+            update(kube, kinds.GPU_DEVICE, "h", lambda b: b["metadata"].update(labels={"who": "admin"}), namespace)
+        protect = ["gpu.cozystack.io/in-use-protection"]
+        body = update(as_operator, kinds.GPU_DEVICE, "h", lambda b: b["metadata"].update(finalizers=protect), namespace)
+        assert body["metadata"]["finalizers"] == protect
+    finally:
+        operator.kill()
+        for kind in (kinds.MUTATING_WEBHOOKS, kinds.VALIDATING_WEBHOOKS):
+            kube.delete(kind, "cozy-gpu-operator")
+    kube.patch(kinds.GPU_DEVICE, "h", {"metadata": {"finalizers": None}}, namespace)

@@ -295,7 +295,7 @@ class Operator:
                 await asyncio.sleep(0.05)
         if self.serving is not None:
             for config in webhooks.configurations(
-                self.serving.url, self.serving.ca_bundle, self.settings.webhook_timeout
+                self.serving.url, self.serving.ca_bundle, self.settings.webhook_timeout, self.validation.operator_user
             ):
                 kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
                 await self.kube.put_object(kind, config)

@@ -85,7 +85,17 @@ def _rule(group: str, version: str, resource: str, operations: list[str]) -> dic
     }
 
 
-def configurations(url: str, ca_bundle: bytes, timeout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+def not_from(username: str) -> list[dict[str, str]]:
+    """A CEL matchCondition that skips the operator's own requests.
+
+    The operator enforces §9; its own writes (finalizers, owners, template devices) must not wait
+    on its own webhook, or a restart, an upgrade or a crash would stop it from cleaning up."""
+    return [{"name": "not-the-operator", "expression": f"request.userInfo.username != {json.dumps(username)}"}]
+
+
+def configurations(
+    url: str, ca_bundle: bytes, timeout: float, operator_user: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """The Mutating (VMIs) and Validating (our kinds) configurations of §3, §9 and §10."""
     seconds = int(timeout)
     common = {"admissionReviewVersions": ["v1"], "failurePolicy": "Fail", "matchPolicy": "Equivalent"}
@@ -116,6 +126,7 @@ def configurations(url: str, ca_bundle: bytes, timeout: float) -> tuple[dict[str
                 "name": f"{hook}.{GROUP}",
                 "clientConfig": _client(url, hook, ca_bundle),
                 "rules": [_rule(GROUP, VERSION, plural, ["CREATE", "UPDATE"])],
+                "matchConditions": not_from(operator_user),
                 "sideEffects": "None",
                 "timeoutSeconds": min(seconds, 10),
                 **common,
