@@ -20,7 +20,7 @@ from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
-from tests.helpers import gpu_class_body
+from tests.helpers import gpu_class_body, stale
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -90,6 +90,13 @@ def namespace(kube: Kube) -> Iterator[str]:
     kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     yield name
     kube.delete(kinds.NAMESPACE, name)
+
+
+@pytest.fixture
+def nothing_stale(kube: Kube, namespace: str) -> Iterator[None]:
+    """After the scenario: no attachment without its VMI, no unanswered request, no orphan template device."""
+    yield
+    wait_for("nothing stale", lambda: not stale(kube, namespace), timeout=15)
 
 
 _node_numbers = itertools.count()

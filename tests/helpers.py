@@ -6,9 +6,12 @@ import json
 import uuid
 from typing import Any
 
+import pytest
+
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, LABEL_TEMPLATE_DEVICE
+from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube import kinds
-from cozygpu.kube.adapter import Body, Conflict, Kube
+from cozygpu.kube.adapter import ApiError, Body, Conflict, Kube
 
 A10 = "nvidia.com/GA102GL_A10"
 
@@ -109,3 +112,36 @@ def stale(kube: Kube, namespace: str) -> list[str]:
             if not owners or owners[0] not in vmis.values():
                 found.append(f"{name}: template device without its VMI")
     return found
+
+
+def refused(kube: Kube, body: dict[str, Any]) -> str:
+    """Create the VMI, expecting our webhook's denial; return its message. No VMI is stored."""
+    with pytest.raises(ApiError) as raised:
+        kube.create(kinds.VMI, body)
+    assert raised.value.status == 403, raised.value.message
+    assert 'admission webhook "vmi.gpu.cozystack.io" denied the request' in raised.value.message
+    assert kube.get_or_none(kinds.VMI, body["metadata"]["name"], body["metadata"]["namespace"]) is None
+    return raised.value.message
+
+
+def dry_denial(kube: Kube, namespace: str, refs: list[dict[str, Any]]) -> str:
+    """The denial a dry run gets now, or "" when it would be admitted; for waiting on the operator's view."""
+    try:
+        kube.create(kinds.VMI, vmi_body(unique("probe"), namespace, refs), dry_run=True)
+    except ApiError as e:
+        return e.message
+    return ""
+
+
+def device_status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = kube.get(kinds.GPU_DEVICE, name, namespace).get("status", {})
+    return result
+
+
+def held(kube: Kube, namespace: str, name: str, cls: str, count: int = 1) -> Body:
+    """A held device, waited for until the binder has it Bound."""
+    kube.create(kinds.GPU_DEVICE, gpu_device_body(name, namespace, cls, count))
+    return wait_for(
+        f"{name} bound",
+        lambda: (d := kube.get(kinds.GPU_DEVICE, name, namespace)).get("status", {}).get("phase") == "Bound" and d,
+    )

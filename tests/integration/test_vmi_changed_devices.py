@@ -9,7 +9,6 @@ cordoned node shows the other side of §3.3: not a refusal, a gather.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,48 +17,12 @@ from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
 from cozygpu.devcluster import nodes
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
-from cozygpu.kube.adapter import ApiError, Kube
+from cozygpu.kube.adapter import Kube
 from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_class_body, gpu_device_body, leftovers, stale, unique, vmi_body
+from tests.helpers import device_status as status
+from tests.helpers import dry_denial, gpu_class_body, gpu_device_body, held, leftovers, refused, unique, vmi_body
 
-pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(autouse=True)
-def nothing_stale_after(kube: Kube, namespace: str) -> Iterator[None]:
-    """After every scenario: no attachment without its VMI, no unanswered request, no orphan template device."""
-    yield
-    wait_for("nothing stale", lambda: not stale(kube, namespace), timeout=15)
-
-
-def refused(kube: Kube, body: dict[str, Any]) -> str:
-    """Create the VMI, expecting our webhook's denial; return its message."""
-    with pytest.raises(ApiError) as raised:
-        kube.create(kinds.VMI, body)
-    assert raised.value.status == 403, raised.value.message
-    assert 'admission webhook "vmi.gpu.cozystack.io" denied the request' in raised.value.message
-    return raised.value.message
-
-
-def dry_denial(kube: Kube, namespace: str, refs: list[dict[str, Any]]) -> str:
-    """The denial a dry run gets now, or "" when it would be admitted; for waiting on the view."""
-    try:
-        kube.create(kinds.VMI, vmi_body(unique("probe"), namespace, refs), dry_run=True)
-    except ApiError as e:
-        return e.message
-    return ""
-
-
-def status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
-    result: dict[str, Any] = kube.get(kinds.GPU_DEVICE, name, namespace).get("status", {})
-    return result
-
-
-def held(kube: Kube, namespace: str, name: str, cls: str, count: int = 1) -> str:
-    """A held device, waited for until the binder has it Bound; returns its node."""
-    kube.create(kinds.GPU_DEVICE, gpu_device_body(name, namespace, cls, count))
-    return str(wait_for(f"{name} bound", lambda: status(kube, namespace, name).get("phase") == "Bound"
-                        and status(kube, namespace, name)["nodeName"]))  # fmt: skip
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("nothing_stale")]
 
 
 def event_reasons(kube: Kube, namespace: str, device: str) -> list[str]:
@@ -110,7 +73,7 @@ def test_a_held_device_whose_class_is_gone_is_refused(
     tag = unique("gone")
     kube.create(kinds.GPU_CLASS, gpu_class_body(tag, f"example.com/{tag}"))
     gpu_node({f"example.com/{tag}": 1}, name=f"n-{tag}")
-    node = held(kube, namespace, "h", tag)
+    node = held(kube, namespace, "h", tag)["status"]["nodeName"]
     wait_for("class protected", lambda: kube.get(kinds.GPU_CLASS, tag)["metadata"].get("finalizers"))
     kube.delete(kinds.GPU_CLASS, tag)
     kube.patch(kinds.GPU_CLASS, tag, {"metadata": {"finalizers": None}})
@@ -125,7 +88,7 @@ def test_a_cordoned_node_is_no_refusal_the_set_is_gathered_elsewhere(
 ) -> None:
     """§3.3, §5.3: a held device on a cordoned node moves to a node with room; a Moved Event says so."""
     old = gpu_node({gpu.resource: 1}, name=f"cordoned-{gpu.cls}")["metadata"]["name"]
-    assert held(kube, namespace, "h", gpu.cls) == old
+    assert held(kube, namespace, "h", gpu.cls)["status"]["nodeName"] == old
     kube.patch(kinds.NODE, old, {"spec": {"unschedulable": True}})
     wait_for("cordon seen", lambda: _waits_because_cordoned(kube, namespace, gpu.cls, old))
     new = gpu_node({gpu.resource: 1}, name=f"open-{gpu.cls}")["metadata"]["name"]
@@ -157,9 +120,9 @@ def test_the_binders_refusal_is_passed_on_and_everything_undone(
 ) -> None:
     """Two held devices on two full nodes cannot be gathered: the binder's message reaches the tenant, nothing moves."""
     a = gpu_node({gpu.resource: 1}, name=f"full-a-{gpu.cls}")["metadata"]["name"]
-    first = held(kube, namespace, "h1", gpu.cls)
+    first = held(kube, namespace, "h1", gpu.cls)["status"]["nodeName"]
     b = gpu_node({gpu.resource: 1}, name=f"full-b-{gpu.cls}")["metadata"]["name"]
-    second = held(kube, namespace, "h2", gpu.cls)
+    second = held(kube, namespace, "h2", gpu.cls)["status"]["nodeName"]
     assert (first, second) == (a, b)
     message = refused(kube, vmi_body("vm", namespace, [{"device": "h1"}, {"device": "h2"}]))
     assert f"no node has 2 free units of {gpu.resource} matching GPUClass {gpu.cls}" in message

@@ -9,7 +9,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,35 +21,9 @@ from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_class_body, gpu_device_body, leftovers, stale, unique, vmi_body
+from tests.helpers import gpu_class_body, gpu_device_body, held, leftovers, refused, unique, vmi_body
 
-pytestmark = pytest.mark.integration
-
-
-def refused(kube: Kube, body: dict[str, Any]) -> str:
-    """Create the VMI, expecting our webhook's denial; return its message."""
-    with pytest.raises(ApiError) as raised:
-        kube.create(kinds.VMI, body)
-    assert raised.value.status == 403, raised.value.message
-    assert 'admission webhook "vmi.gpu.cozystack.io" denied the request' in raised.value.message
-    assert kube.get_or_none(kinds.VMI, body["metadata"]["name"], body["metadata"]["namespace"]) is None
-    return raised.value.message
-
-
-def held(kube: Kube, namespace: str, name: str, cls: str, count: int = 1) -> dict[str, Any]:
-    """A held device, waited for until the binder has it Bound."""
-    kube.create(kinds.GPU_DEVICE, gpu_device_body(name, namespace, cls, count))
-    return wait_for(
-        f"{name} bound",
-        lambda: (d := kube.get(kinds.GPU_DEVICE, name, namespace)).get("status", {}).get("phase") == "Bound" and d,
-    )
-
-
-@pytest.fixture(autouse=True)
-def nothing_stale_after(kube: Kube, namespace: str) -> Iterator[None]:
-    """After every scenario: no attachment without its VMI, no unanswered request, no orphan template device."""
-    yield
-    wait_for("nothing stale", lambda: not stale(kube, namespace), timeout=15)
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("nothing_stale")]
 
 
 @pytest.fixture
