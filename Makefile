@@ -19,7 +19,7 @@ crds: venv
 	$(BIN)/cozygpu crds --dir crds
 
 # Build (or find cached) etcd, kube-apiserver and what tests also run; prints where they are.
-CONTROL_PLANE_EXTRAS := kube-controller-manager kubectl
+CONTROL_PLANE_EXTRAS := kube-controller-manager kubectl helm
 control-plane:
 	bash hack/build-control-plane.sh $(CONTROL_PLANE_EXTRAS)
 

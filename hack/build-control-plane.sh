@@ -4,13 +4,15 @@
 # from the Go module proxy at pinned versions, into a cache directory.
 #
 # Usage: hack/build-control-plane.sh [extra binary ...]
-#   extra binaries: kube-scheduler kube-controller-manager kubectl
+#   extra binaries: kube-scheduler kube-controller-manager kubectl helm
+#   (helm, for the chart's tests, is built from helm.sh/helm/v4 in a module of its own)
 # Prints the directory holding the binaries on its last line (use it as
 # KUBEBUILDER_ASSETS). When KUBEBUILDER_ASSETS already holds etcd and
 # kube-apiserver, nothing is built and that directory is printed.
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.36.3}"
+HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 CACHE_ROOT="${COZYGPU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cozy-gpu-operator}"
 OUT="$CACHE_ROOT/control-plane/$K8S_VERSION"
 SRC="$CACHE_ROOT/control-plane/src-$K8S_VERSION"
@@ -33,9 +35,35 @@ fi
 
 command -v go >/dev/null || { echo "build-control-plane: Go is needed to build the control plane" >&2; exit 1; }
 mkdir -p "$OUT" "$SRC"
-cd "$SRC"
 export GOFLAGS="-mod=mod"
 export CGO_ENABLED=0
+
+# helm has its own module: its k8s.io requirements must not move the control plane's.
+build_helm() {
+  local src="$CACHE_ROOT/helm/src-$HELM_VERSION" start
+  start=$(date +%s)
+  mkdir -p "$src"
+  printf 'module cozygpu.local/helm\n\ngo 1.26.0\n\nrequire helm.sh/helm/v4 %s\n\ntool helm.sh/helm/v4/cmd/helm\n' \
+    "$HELM_VERSION" > "$src/go.mod"
+  echo "build-control-plane: building helm $HELM_VERSION" >&2
+  (cd "$src" && go mod tidy >&2 && go build -trimpath -ldflags "-s -w" -o "$OUT/helm.tmp" helm.sh/helm/v4/cmd/helm >&2)
+  mv "$OUT/helm.tmp" "$OUT/helm"
+  echo "build-control-plane: built helm in $(( $(date +%s) - start ))s" >&2
+}
+
+kube_wanted=()
+for b in "${wanted[@]}"; do
+  if [ "$b" = helm ]; then
+    [ -x "$OUT/helm" ] || build_helm
+  elif [ ! -x "$OUT/$b" ]; then
+    kube_wanted+=("$b")
+  fi
+done
+if [ ${#kube_wanted[@]} -eq 0 ]; then
+  echo "$OUT"
+  exit 0
+fi
+cd "$SRC"
 
 # k8s.io/kubernetes points its staging modules at ./staging; a consumer module must
 # replace each with its published v0.x twin. Read the list from the module itself so
@@ -86,8 +114,7 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
 
-for b in "${wanted[@]}"; do
-  [ -x "$OUT/$b" ] && continue
+for b in "${kube_wanted[@]}"; do
   start=$(date +%s)
   echo "build-control-plane: building $b" >&2
   go build -trimpath -ldflags "$ldflags" -o "$OUT/$b.tmp" "$(pkg_of "$b")" >&2

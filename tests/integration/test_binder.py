@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -245,9 +246,24 @@ def test_gpunode_status_follows_devices_and_capacity(
 
 
 def test_answers_come_from_the_view_without_listing(
+    operator_kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
+) -> None:
+    """No LIST reaches the API server while requests are answered; each decision logs bind.answered.
+
+    The view's periodic resync lists (§6.4); this operator's next one is ten minutes after its first."""
+    operator = OperatorProcess(operator_kubeconfig, tmp_path / "operator.log", "--no-webhooks",
+                               "--sweep-interval", "600").start()  # fmt: skip
+    # The start-up list is a resync too; wait for the first periodic one (5 s in), the last for ten minutes.
+    wait_for("the first periodic resync", lambda: len(operator.events("view.resynced")) >= 2, timeout=20)
+    try:
+        _answer_without_listing(operator, kube, namespace, gpu, gpu_node)
+    finally:
+        operator.stop()
+
+
+def _answer_without_listing(
     operator: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
 ) -> None:
-    """No LIST reaches the API server while requests are answered; each decision logs bind.answered."""
     gpu_node({gpu.resource: 4}, name=f"nolist-{gpu.cls}")
     names = [f"vm{i}-gpu-0" for i in range(4)]
     for n in names:

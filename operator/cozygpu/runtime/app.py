@@ -256,7 +256,7 @@ class Operator:
         Listed objects go in as events (older versions are ignored); what the view holds at a version
         no newer than the list but the list lacks was removed where no watch event said so, and is
         removed here the way a DELETED event would remove it (a VMI's devices are detached, say)."""
-        forgotten = 0
+        forgotten, started = 0, time.monotonic()
         for kind in WATCHED:
             items, version = await self.kube.list_versioned(kinds.kind(kind))
             for item in items:
@@ -268,6 +268,7 @@ class Operator:
                 self.on_event(kind, {"type": "DELETED", "object": gone})
                 log.info("view.forgot", kind=kind, namespace=namespace or None, name=name)
                 forgotten += 1
+        log.info("view.resynced", forgotten=forgotten, duration_ms=round((time.monotonic() - started) * 1000, 1))
         return forgotten
 
     async def _resync_every(self, interval: float) -> None:

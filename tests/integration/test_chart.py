@@ -1,0 +1,140 @@
+"""The Helm chart (§10): rendered by a real helm, checked against the operator's own code and the API server.
+
+helm is built from the Go module proxy like the control plane (`hack/build-control-plane.sh helm`). The
+chart's webhook configurations must be the ones the operator registers itself in --dev mode, its
+ClusterRole the one every integration test runs the operator with, and every object it renders must be
+accepted by the real API server. (The image, hack/Dockerfile, is not built here: no Docker engine.)
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+
+from cozygpu.devcluster import binaries, identity
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import Kube
+from cozygpu.runtime import webhooks
+from cozygpu.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+CHART = binaries.repo_root() / "charts" / "cozy-gpu-operator"
+RELEASE, NAMESPACE = identity.NAME, identity.NAMESPACE  # the chart's defaults are the dev identity's names
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return binaries.find(("helm",)) / "helm"
+
+
+def run(helm: Path, *args: str) -> str:
+    done = subprocess.run([str(helm), *args], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def render(helm: Path, *args: str, release: str = RELEASE, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
+    out = run(helm, "template", release, str(CHART), "--namespace", namespace, *args)
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    [found] = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return found
+
+
+def without_client(config: dict[str, Any]) -> list[dict[str, Any]]:
+    return sorted(({k: v for k, v in w.items() if k != "clientConfig"} for w in config["webhooks"]),
+                  key=lambda w: w["name"])  # fmt: skip
+
+
+def test_the_chart_lints(helm: Path) -> None:
+    """helm lint --strict finds nothing to say."""
+    run(helm, "lint", str(CHART), "--strict")
+
+
+def test_the_webhooks_are_the_ones_the_operator_registers_itself(helm: Path) -> None:
+    """Rules, selectors, policies, timeouts and matchConditions equal the code's; they point at the Service."""
+    docs = render(helm)
+    mutating, validating = one(docs, "MutatingWebhookConfiguration"), one(docs, "ValidatingWebhookConfiguration")
+    ours = webhooks.configurations("https://unused", b"", 20, identity.USERNAME)
+    assert without_client(mutating) == without_client(ours[0])
+    assert without_client(validating) == without_client(ours[1])
+    ca = one(docs, "Secret")["data"]["ca.crt"]
+    for hook in mutating["webhooks"] + validating["webhooks"]:
+        client = hook["clientConfig"]
+        path = "/" + hook["name"].split(".")[0]
+        assert client["service"] == {"name": RELEASE, "namespace": NAMESPACE, "path": path, "port": 443}
+        assert client["caBundle"] == ca
+
+
+def test_the_generated_certificate_serves_the_service_and_is_signed_by_the_bundle(helm: Path) -> None:
+    """Without cert-manager: tls.crt names the Service's DNS names and chains to ca.crt."""
+    secret = one(render(helm), "Secret")
+    ca = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["ca.crt"]))
+    leaf = x509.load_pem_x509_certificate(base64.b64decode(secret["data"]["tls.crt"]))
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    assert f"{RELEASE}.{NAMESPACE}.svc" in names
+    leaf.verify_directly_issued_by(ca)
+    assert secret["type"] == "kubernetes.io/tls"
+
+
+def test_with_cert_manager_the_ca_is_injected_and_no_secret_rendered(helm: Path) -> None:
+    """cert-manager served: an Issuer and Certificate into the Secret the Deployment mounts; CA injected."""
+    docs = render(helm, "--api-versions", "cert-manager.io/v1")
+    assert not [d for d in docs if d["kind"] == "Secret"]
+    certificate = one(docs, "Certificate")
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "tls", "secret": {"secretName": certificate["spec"]["secretName"]}} in volumes
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = one(docs, kind)
+        assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{RELEASE}-webhook"
+        assert all("caBundle" not in w["clientConfig"] for w in config["webhooks"])
+
+
+def test_the_operator_role_is_the_one_the_tests_run_with(helm: Path) -> None:
+    """The ClusterRole and tenants' roles are the files every integration test binds (§10)."""
+    docs = render(helm)
+    assert one(docs, "ClusterRole", RELEASE)["rules"] == identity.operator_rules()
+    for role in identity.tenant_roles():
+        rendered = one(docs, "ClusterRole", role["metadata"]["name"])
+        assert rendered["rules"] == role["rules"]
+        assert role["metadata"]["labels"].items() <= rendered["metadata"]["labels"].items()
+    binding = one(docs, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
+
+
+def test_values_reach_the_operator_as_settings_it_accepts(helm: Path) -> None:
+    """The Deployment's environment is valid Settings; timeouts flow into both the operator and the webhooks."""
+    docs = render(helm, "--set", "operator.bindTimeout=5", "--set", "operator.webhookTimeout=25")
+    deployment = one(docs, "Deployment")
+    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]["type"]) == (1, "Recreate")
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    settings = Settings.load({e["name"]: e["value"] for e in container["env"]}, {})
+    assert (settings.bind_timeout, settings.webhook_timeout, settings.webhook_mode) == (5, 25, "cluster")
+    assert one(docs, "MutatingWebhookConfiguration")["webhooks"][0]["timeoutSeconds"] == 25
+    assert {w["timeoutSeconds"] for w in one(docs, "ValidatingWebhookConfiguration")["webhooks"]} == {10}
+    probes = {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]}
+    assert probes == {"/readyz", "/healthz"}
+
+
+def test_every_rendered_object_is_accepted_by_the_api_server(helm: Path, kube: Kube) -> None:
+    """A server-side dry run of each object: schemas, the CEL matchConditions, RBAC rules all check out."""
+    release = namespace = "chart-check"
+    kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    docs = render(helm, release=release, namespace=namespace)
+    assert sorted(d["kind"] for d in docs) == sorted([
+        "ServiceAccount", "Secret", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Service",
+        "Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])  # fmt: skip
+    for doc in docs:
+        kind = kinds.kind(doc["kind"])
+        if kind.namespaced:
+            assert doc["metadata"]["namespace"] == namespace
+        kube.create(kind, doc, dry_run=True)
