@@ -150,12 +150,12 @@ class Kube:
         about = body.get("metadata", {}).get("name")
         return self._call("POST", kind, namespace=namespace, body=body, params=params, about=about)
 
-    def replace(self, kind: Kind, body: Body, *, subresource: str | None = None) -> Body:
+    def replace(self, kind: Kind, body: Body, *, subresource: str | None = None, dry_run: bool = False) -> Body:
         """PUT: fails with Conflict when body's resourceVersion is not the stored one."""
         meta = body["metadata"]
-        return self._call(
-            "PUT", kind, name=meta["name"], namespace=meta.get("namespace"), subresource=subresource, body=body
-        )
+        params = {"dryRun": "All"} if dry_run else None
+        return self._call("PUT", kind, name=meta["name"], namespace=meta.get("namespace"), subresource=subresource,
+                          body=body, params=params)  # fmt: skip
 
     def replace_status(self, kind: Kind, body: Body) -> Body:
         return self.replace(kind, body, subresource="status")
