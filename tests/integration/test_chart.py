@@ -9,7 +9,12 @@ accepted by the real API server. (The image, hack/Dockerfile, is not built here:
 from __future__ import annotations
 
 import base64
+import http.client
+import json
+import socket
+import ssl
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,8 @@ import yaml
 from cryptography import x509
 
 from cozygpu.devcluster import binaries, identity
+from cozygpu.devcluster.controlplane import free_port
+from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from cozygpu.runtime import webhooks
@@ -143,3 +150,56 @@ def test_every_rendered_object_is_accepted_by_the_api_server(helm: Path, kube: K
         else:  # the tenants' roles are cluster-wide: other tests installed them already
             doc["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
             kube.replace(kind, doc, dry_run=True)
+
+
+def _gpudevice_review(namespace: str, class_name: str) -> bytes:
+    device = {
+        "apiVersion": "gpu.cozystack.io/v1alpha1",
+        "kind": "GPUDevice",
+        "metadata": {"name": "d", "namespace": namespace},
+        "spec": {"className": class_name, "count": 1},
+    }
+    resource = {"group": "gpu.cozystack.io", "version": "v1alpha1", "resource": "gpudevices"}
+    kind = {"group": "gpu.cozystack.io", "version": "v1alpha1", "kind": "GPUDevice"}
+    request = {
+        "uid": str(uuid.uuid4()),
+        "kind": kind,
+        "resource": resource,
+        "requestKind": kind,
+        "requestResource": resource,
+        "name": "d",
+        "namespace": namespace,
+        "operation": "CREATE",
+        "userInfo": {"username": "tenant"},
+        "object": device,
+        "oldObject": None,
+        "dryRun": True,
+    }
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}).encode()
+
+
+def test_the_operator_serves_the_charts_certificate_in_cluster_mode(
+    helm: Path, operator_kubeconfig: Path, tmp_path: Path
+) -> None:
+    """`cozygpu run` as the Deployment runs it: the chart's certificate, verified for the Service's name, answers."""
+    secret = one(render(helm), "Secret")
+    certs = tmp_path / "tls"
+    certs.mkdir()
+    for name in ("tls.crt", "tls.key"):
+        (certs / name).write_bytes(base64.b64decode(secret["data"][name]))
+    port = free_port()
+    operator = OperatorProcess(operator_kubeconfig, tmp_path / "operator.log", "--webhook-port", str(port),
+                               "--webhook-cert-dir", str(certs)).start()  # fmt: skip
+    try:
+        context = ssl.create_default_context(cadata=base64.b64decode(secret["data"]["ca.crt"]).decode())
+        raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+        # The API server dials the Service; the certificate must hold for that name, not for where it runs.
+        conn = http.client.HTTPSConnection(f"{RELEASE}.{NAMESPACE}.svc", port, context=context)
+        conn.sock = context.wrap_socket(raw, server_hostname=f"{RELEASE}.{NAMESPACE}.svc")
+        conn.request("POST", "/gpudevice", _gpudevice_review("t", "no-such-class"),
+                     {"Content-Type": "application/json"})  # fmt: skip
+        answer = json.loads(conn.getresponse().read())["response"]
+        assert answer["allowed"] is False
+        assert "GPUClass no-such-class does not exist" in answer["status"]["message"]
+    finally:
+        operator.stop()
