@@ -53,11 +53,16 @@ def as_operator(operator_kubeconfig: Path) -> Kube:
     return Kube.from_kubeconfig(operator_kubeconfig)
 
 
-def start_admitting_operator(kubeconfig: Path, directory: Path, *extra: str) -> OperatorProcess:
-    """The whole operator with webhooks (--dev), as its own identity, so the template-label rule can tell it apart."""
-    process = OperatorProcess(kubeconfig, directory / "operator.log", "--dev", *extra).start()
+def start_operator(kubeconfig: Path, directory: Path, *args: str) -> OperatorProcess:
+    """An operator process the node helpers know is running (they then wait until it has seen new nodes)."""
+    process = OperatorProcess(kubeconfig, directory / "operator.log", *args).start()
     _RUNNING.append(process)
     return process
+
+
+def start_admitting_operator(kubeconfig: Path, directory: Path, *extra: str) -> OperatorProcess:
+    """The whole operator with webhooks (--dev), as its own identity, so the template-label rule can tell it apart."""
+    return start_operator(kubeconfig, directory, "--dev", *extra)
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +81,7 @@ def admitting(
 @pytest.fixture(scope="module")
 def operator(operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The operator without webhooks, one per test module, so tests can write what the webhook writes."""
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    process = OperatorProcess(operator_kubeconfig, log, "--no-webhooks").start()
-    _RUNNING.append(process)
+    process = start_operator(operator_kubeconfig, tmp_path_factory.mktemp("operator"), "--no-webhooks")
     yield process
     process.stop()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +25,19 @@ from cozygpu.devcluster.harness import (
 )
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
-from tests.conftest import Gpu, GPUNodeFactory, wait_until_accounted
+from tests.conftest import Gpu, GPUNodeFactory, start_operator, wait_until_accounted
 from tests.helpers import gpu_class_body, gpu_device_body
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def operator(operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The operator without webhooks, resyncing its view only at start and 5 s in (then every ten minutes)."""
+    process = start_operator(operator_kubeconfig, tmp_path_factory.mktemp("binder"), "--no-webhooks",
+                             "--sweep-interval", "600")  # fmt: skip
+    yield process
+    process.stop()
 
 
 def status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
@@ -246,24 +256,13 @@ def test_gpunode_status_follows_devices_and_capacity(
 
 
 def test_answers_come_from_the_view_without_listing(
-    operator_kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
+    operator: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
 ) -> None:
     """No LIST reaches the API server while requests are answered; each decision logs bind.answered.
 
-    The view's periodic resync lists (§6.4); this operator's next one is ten minutes after its first."""
-    operator = OperatorProcess(operator_kubeconfig, tmp_path / "operator.log", "--no-webhooks",
-                               "--sweep-interval", "600").start()  # fmt: skip
-    # The start-up list is a resync too; wait for the first periodic one (5 s in), the last for ten minutes.
+    The view's periodic resync lists (§6.4): the start-up list is one, the first periodic one comes
+    5 s in, and this module's operator has the next ten minutes later."""
     wait_for("the first periodic resync", lambda: len(operator.events("view.resynced")) >= 2, timeout=20)
-    try:
-        _answer_without_listing(operator, kube, namespace, gpu, gpu_node)
-    finally:
-        operator.stop()
-
-
-def _answer_without_listing(
-    operator: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
-) -> None:
     gpu_node({gpu.resource: 4}, name=f"nolist-{gpu.cls}")
     names = [f"vm{i}-gpu-0" for i in range(4)]
     for n in names:
