@@ -83,6 +83,11 @@ def _run(args: argparse.Namespace) -> int:
         "webhook_port": args.webhook_port,
         "binder": False if args.no_binder else None,
         "webhook_cert_dir": args.webhook_cert_dir,
+        "leader_election": False if args.no_leader_election else None,
+        "identity": args.identity,
+        "lease_name": args.lease_name,
+        "lease_namespace": args.lease_namespace,
+        "lease_duration": args.lease_duration,
         "log_format": args.log_format,
         "log_level": args.log_level,
     }
@@ -119,6 +124,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--no-binder", action="store_true", help="run without the binder (nothing answers bind requests)")
     run.add_argument("--webhook-port", type=int, help="webhook port (default 9443; 0 or unset with --dev: any free)")
     run.add_argument("--webhook-cert-dir", help="directory with tls.crt and tls.key (default /etc/cozygpu/tls)")
+    run.add_argument("--no-leader-election", action="store_true", help="decide without holding the Lease")
+    run.add_argument("--identity", help="this replica in the Lease (default: the host name, a pod's name)")
+    run.add_argument("--lease-name", help="the Lease replicas compete for (default cozy-gpu-operator)")
+    run.add_argument("--lease-namespace", help="its namespace (default: the service account's or kubeconfig's)")
+    run.add_argument("--lease-duration", type=float, help="a leader's term in seconds (default 15)")
     run.set_defaults(func=_run)
 
     dev = sub.add_parser("dev-cluster", help="run a local control plane in the foreground")

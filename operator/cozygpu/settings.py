@@ -35,6 +35,11 @@ class Settings(BaseModel):
     webhook_host: str = Field(default="0.0.0.0", description="Address the webhook server listens on.")
     webhook_port: int | None = Field(default=None, ge=1, le=65535, description="Unset: 9443, or any free port (dev).")
     webhook_cert_dir: Path = Field(default=Path("/etc/cozygpu/tls"), description="tls.crt and tls.key (cluster).")
+    leader_election: bool = Field(default=True, description="Decide only while holding the Lease (§10).")
+    identity: str = Field(default="", description="This replica in the Lease; unset: the host (pod) name.")
+    lease_name: str = Field(default="cozy-gpu-operator", min_length=1)
+    lease_namespace: str = Field(default="", description="Unset: the service account's or kubeconfig's namespace.")
+    lease_duration: float = Field(default=15.0, ge=3, le=300, description="A leader's term, seconds.")
 
     @model_validator(mode="after")
     def _bind_inside_webhook(self) -> Self:

@@ -116,6 +116,7 @@ def test_the_operator_role_is_the_one_the_tests_run_with(helm: Path) -> None:
         assert role["metadata"]["labels"].items() <= rendered["metadata"]["labels"].items()
     binding = one(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
+    assert one(docs, "Role")["rules"] == identity.leader_election_rules()
 
 
 def test_values_reach_the_operator_as_settings_it_accepts(helm: Path) -> None:
@@ -124,7 +125,9 @@ def test_values_reach_the_operator_as_settings_it_accepts(helm: Path) -> None:
     deployment = one(docs, "Deployment")
     assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]["type"]) == (1, "Recreate")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    settings = Settings.load({e["name"]: e["value"] for e in container["env"]}, {})
+    from_pod = {"COZYGPU_IDENTITY": "pod-name", "COZYGPU_LEASE_NAMESPACE": NAMESPACE}  # the downward API's
+    assert {e["name"] for e in container["env"] if "valueFrom" in e} == set(from_pod)
+    settings = Settings.load({**from_pod, **{e["name"]: e["value"] for e in container["env"] if "value" in e}}, {})
     assert (settings.bind_timeout, settings.webhook_timeout, settings.webhook_mode) == (5, 25, "cluster")
     assert one(docs, "MutatingWebhookConfiguration")["webhooks"][0]["timeoutSeconds"] == 25
     assert {w["timeoutSeconds"] for w in one(docs, "ValidatingWebhookConfiguration")["webhooks"]} == {10}
@@ -137,9 +140,10 @@ def test_every_rendered_object_is_accepted_by_the_api_server(helm: Path, kube: K
     release = namespace = "chart-check"
     kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     docs = render(helm, release=release, namespace=namespace)
-    assert sorted(d["kind"] for d in docs) == sorted([
-        "ServiceAccount", "Secret", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "Service",
-        "Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"])  # fmt: skip
+    expected = ["ServiceAccount", "Secret", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
+                "Role", "RoleBinding", "Service", "Deployment", "MutatingWebhookConfiguration",
+                "ValidatingWebhookConfiguration"]  # fmt: skip
+    assert sorted(d["kind"] for d in docs) == sorted(expected)
     for doc in docs:
         kind = kinds.kind(doc["kind"])
         if kind.namespaced:

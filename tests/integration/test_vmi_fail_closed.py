@@ -29,6 +29,7 @@ READABLE = {
     "gpu.cozystack.io": ["gpuclasses", "gpubudgets", "gpunodes", "gpudevices"],
     "kubevirt.io": ["kubevirts", "virtualmachineinstances"],
     "admissionregistration.k8s.io": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+    "coordination.k8s.io": ["leases"],
 }
 
 

@@ -55,14 +55,16 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def kubeconfig(server: str, ca: bytes, credentials: dict[str, str], user: str = "admin") -> dict[str, Any]:
+def kubeconfig(
+    server: str, ca: bytes, credentials: dict[str, str], user: str = "admin", namespace: str = "default"
+) -> dict[str, Any]:
     """A kubeconfig for this server; `credentials` is the user entry (client certificate or token)."""
     return {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "cozy-dev", "cluster": {"server": server, "certificate-authority-data": _b64(ca)}}],
         "users": [{"name": user, "user": credentials}],
-        "contexts": [{"name": "cozy-dev", "context": {"cluster": "cozy-dev", "user": user, "namespace": "default"}}],
+        "contexts": [{"name": "cozy-dev", "context": {"cluster": "cozy-dev", "user": user, "namespace": namespace}}],
         "current-context": "cozy-dev",
     }
 
@@ -147,9 +149,9 @@ class ControlPlane:
         credentials = client_certificate(self.ca.client(user, group))
         return self._write(path, kubeconfig(self.server, self.ca.cert_pem, credentials, user))
 
-    def write_token_kubeconfig(self, path: Path, user: str, token: str) -> Path:
+    def write_token_kubeconfig(self, path: Path, user: str, token: str, namespace: str = "default") -> Path:
         """A kubeconfig that authenticates with a bearer token (a ServiceAccount's, say)."""
-        return self._write(path, kubeconfig(self.server, self.ca.cert_pem, {"token": token}, user))
+        return self._write(path, kubeconfig(self.server, self.ca.cert_pem, {"token": token}, user, namespace))
 
     @staticmethod
     def _write(path: Path, config: dict[str, Any]) -> Path:

@@ -37,7 +37,8 @@ class OperatorProcess:
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 60.0) -> OperatorProcess:
+    def start(self, timeout: float = 60.0, *, until_ready: bool = True) -> OperatorProcess:
+        """Start and wait until /readyz is ok (or, for a standby that will not lead yet, /healthz)."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         argv = [sys.executable, "-m", "cozygpu.cli", "--log-format", "json", "run",
                 "--kubeconfig", str(self.kubeconfig), "--health-host", "127.0.0.1",
@@ -48,16 +49,24 @@ class OperatorProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"operator exited with {self.proc.returncode}:\n{self.tail()}")
-            if self.ready():
+            if self.ready() or (not until_ready and self.healthy()):
                 return self
             time.sleep(0.1)
         raise RuntimeError(f"operator not ready in {timeout}s:\n{self.tail()}")
 
     def ready(self) -> bool:
+        return self.probe("/readyz")[0] == 200
+
+    def healthy(self) -> bool:
+        return self.probe("/healthz")[0] == 200
+
+    def probe(self, path: str) -> tuple[int, str]:
+        """The status code and text of a health endpoint; (0, "") while nothing answers."""
         try:
-            return requests.get(f"http://127.0.0.1:{self.port}/readyz", timeout=1).status_code == 200
+            answer = requests.get(f"http://127.0.0.1:{self.port}{path}", timeout=1)
         except requests.RequestException:
-            return False
+            return 0, ""
+        return answer.status_code, answer.text
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -62,8 +62,13 @@ def _binding(name: str, role: str) -> Body:
     }
 
 
+def leader_election_rules() -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = yaml.safe_load((RBAC_DIR / "leader-election.yaml").read_text())["rules"]
+    return rules
+
+
 def install(kube: Kube, *, dev: bool = True) -> None:
-    """The namespace, the ServiceAccount, the operator's ClusterRole and binding (and --dev's extra rule)."""
+    """The namespace, the ServiceAccount, the operator's roles and bindings (and --dev's extra rule)."""
     kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     kube.put_object(kinds.kind("ServiceAccount"), {"apiVersion": "v1", "kind": "ServiceAccount",
                                                    "metadata": {"name": NAME, "namespace": NAMESPACE}})  # fmt: skip
@@ -73,10 +78,18 @@ def install(kube: Kube, *, dev: bool = True) -> None:
         kube.put_object(kinds.kind("ClusterRoleBinding"), _binding(role, role))
     for body in tenant_roles():
         kube.put_object(kinds.kind("ClusterRole"), body)
+    role = f"{NAME}-leader-election"
+    kube.put_object(kinds.kind("Role"), {"apiVersion": f"{RBAC}/v1", "kind": "Role",
+                                         "metadata": {"name": role, "namespace": NAMESPACE},
+                                         "rules": leader_election_rules()})  # fmt: skip
+    binding = _binding(role, role)
+    binding.update(kind="RoleBinding", roleRef={"apiGroup": RBAC, "kind": "Role", "name": role})
+    binding["metadata"]["namespace"] = NAMESPACE
+    kube.put_object(kinds.kind("RoleBinding"), binding)
 
 
 def write_kubeconfig(plane: ControlPlane, path: Path) -> Path:
     """Install the identity and write a kubeconfig that authenticates as the ServiceAccount."""
     kube = plane.kube()
     install(kube)
-    return plane.write_token_kubeconfig(path, USERNAME, kube.request_token(NAMESPACE, NAME))
+    return plane.write_token_kubeconfig(path, USERNAME, kube.request_token(NAMESPACE, NAME), namespace=NAMESPACE)

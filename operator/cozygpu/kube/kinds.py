@@ -32,6 +32,8 @@ _ALL = {
     "Service": Kind("v1", "Service", "services", True),
     "Secret": Kind("v1", "Secret", "secrets", True),
     "Deployment": Kind("apps/v1", "Deployment", "deployments", True),
+    "Lease": Kind("coordination.k8s.io/v1", "Lease", "leases", True),
+    "Role": Kind("rbac.authorization.k8s.io/v1", "Role", "roles", True),
     "VirtualMachineInstance": Kind(KUBEVIRT_API_VERSION, "VirtualMachineInstance", "virtualmachineinstances", True),
     "VirtualMachine": Kind(KUBEVIRT_API_VERSION, "VirtualMachine", "virtualmachines", True),
     "KubeVirt": Kind(KUBEVIRT_API_VERSION, "KubeVirt", "kubevirts", True),

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import copy
 import logging
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ import structlog
 
 from cozygpu.kube import credentials, kinds
 from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
-from cozygpu.runtime import webhooks
+from cozygpu.runtime import leadership, webhooks
 from cozygpu.runtime.accountant import Accountant
 from cozygpu.runtime.binder import Binder
 from cozygpu.runtime.collector import Collector
@@ -91,6 +92,8 @@ class Operator:
         self.validation = Validation(self.cluster, self.reservations)
         self.health = HealthServer(settings.health_host, settings.health_port, self.readiness, self.metrics.render)
         self.serving: webhooks.Serving | None = None
+        self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
+        self._not_leading = "not the leader yet"
         self.synced = False
         self.webhooks_ready = settings.webhook_mode == "off"
         self._tasks: list[asyncio.Task[None]] = []
@@ -98,6 +101,8 @@ class Operator:
     # -- readiness ---------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
+        if self.leadership is not None and not self.leadership.leading:
+            return False, self._not_leading
         if not self.synced:
             return False, "the cluster view has not synced yet"
         if not self.webhooks_ready:
@@ -229,6 +234,8 @@ class Operator:
 
     async def startup(self) -> None:
         await self.health.start()
+        if self.leadership is not None:  # a standby lists and decides nothing (§10: one active replica)
+            await self.leadership.acquire(self._waiting)
         await self.resync()
         self.validation.operator_user = await self.kube.whoami()
         self.synced = True
@@ -237,6 +244,8 @@ class Operator:
             asyncio.create_task(self.collector.run(), name="collector"),
             asyncio.create_task(self._resync_every(self.settings.sweep_interval), name="resync"),
         ]
+        if self.leadership is not None:
+            self._tasks.append(asyncio.create_task(self.leadership.hold(), name="leadership"))
         if self.settings.binder:
             self._tasks.append(asyncio.create_task(self.binder.run(), name="binder"))
         if self.settings.webhook_mode != "off":
@@ -304,10 +313,25 @@ class Operator:
         self.webhooks_ready = True
         await asyncio.Event().wait()  # keeps readiness honest: a stopped task turns it off
 
+    def _waiting(self, why: str) -> None:
+        if why != self._not_leading:
+            log.info("leader.waiting", reason=why)
+        self._not_leading = why
+
+    def _lost(self) -> None:
+        """Another replica may be deciding now: stop every writer at once, then the process."""
+        for task in self._tasks:
+            if task.get_name() != "leadership":
+                task.cancel()
+        self._not_leading = "the Lease was lost"
+        signal.raise_signal(signal.SIGTERM)
+
     async def cleanup(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.leadership is not None:
+            await self.leadership.release()
         if self.serving is not None:
             for kind in (kinds.MUTATING_WEBHOOKS, kinds.VALIDATING_WEBHOOKS):
                 try:
