@@ -33,38 +33,48 @@ DEV_RULES = [
 ]
 
 
-def operator_rules() -> list[dict[str, Any]]:
-    rules: list[dict[str, Any]] = yaml.safe_load((RBAC_DIR / "operator.yaml").read_text())["rules"]
+def _rules(file: str) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = yaml.safe_load((RBAC_DIR / file).read_text())["rules"]
     return rules
+
+
+def operator_rules() -> list[dict[str, Any]]:
+    return _rules("operator.yaml")
+
+
+def leader_election_rules() -> list[dict[str, Any]]:
+    return _rules("leader-election.yaml")
 
 
 def tenant_roles() -> list[Body]:
     """The tenants' ClusterRoles, with the labels that aggregate them into admin, edit and view."""
     roles = yaml.safe_load((RBAC_DIR / "tenant.yaml").read_text())["roles"]
     return [
-        _cluster_role(r["name"], r["rules"], {f"{RBAC}/aggregate-to-{to}": "true" for to in r["aggregateTo"]})
+        _role("ClusterRole", r["name"], r["rules"], {f"{RBAC}/aggregate-to-{to}": "true" for to in r["aggregateTo"]})
         for r in roles
     ]
 
 
-def _cluster_role(name: str, rules: list[dict[str, Any]], labels: dict[str, str] | None = None) -> Body:
-    return {"apiVersion": f"{RBAC}/v1", "kind": "ClusterRole", "metadata": {"name": name, "labels": labels or {}},
-            "rules": rules}  # fmt: skip
+def _role(kind: str, name: str, rules: list[dict[str, Any]], labels: dict[str, str] | None = None) -> Body:
+    """A ClusterRole, or a Role in the operator's namespace."""
+    meta: dict[str, Any] = {"name": name, "labels": labels or {}}
+    if kind == "Role":
+        meta["namespace"] = NAMESPACE
+    return {"apiVersion": f"{RBAC}/v1", "kind": kind, "metadata": meta, "rules": rules}
 
 
-def _binding(name: str, role: str) -> Body:
+def _binding(role_kind: str, name: str) -> Body:
+    """The ServiceAccount bound to the role of that kind and name (a RoleBinding for a Role)."""
+    meta: dict[str, Any] = {"name": name}
+    if role_kind == "Role":
+        meta["namespace"] = NAMESPACE
     return {
         "apiVersion": f"{RBAC}/v1",
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": RBAC, "kind": "ClusterRole", "name": role},
+        "kind": f"{role_kind}Binding",
+        "metadata": meta,
+        "roleRef": {"apiGroup": RBAC, "kind": role_kind, "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
     }
-
-
-def leader_election_rules() -> list[dict[str, Any]]:
-    rules: list[dict[str, Any]] = yaml.safe_load((RBAC_DIR / "leader-election.yaml").read_text())["rules"]
-    return rules
 
 
 def install(kube: Kube, *, dev: bool = True) -> None:
@@ -72,20 +82,14 @@ def install(kube: Kube, *, dev: bool = True) -> None:
     kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     kube.put_object(kinds.kind("ServiceAccount"), {"apiVersion": "v1", "kind": "ServiceAccount",
                                                    "metadata": {"name": NAME, "namespace": NAMESPACE}})  # fmt: skip
-    roles = [(NAME, operator_rules())] + ([(f"{NAME}-dev", DEV_RULES)] if dev else [])
-    for role, rules in roles:
-        kube.put_object(kinds.kind("ClusterRole"), _cluster_role(role, rules))
-        kube.put_object(kinds.kind("ClusterRoleBinding"), _binding(role, role))
+    roles = [("ClusterRole", NAME, operator_rules()), ("Role", f"{NAME}-leader-election", leader_election_rules())]
+    if dev:
+        roles.append(("ClusterRole", f"{NAME}-dev", DEV_RULES))
+    for kind, name, rules in roles:
+        kube.put_object(kinds.kind(kind), _role(kind, name, rules))
+        kube.put_object(kinds.kind(f"{kind}Binding"), _binding(kind, name))
     for body in tenant_roles():
         kube.put_object(kinds.kind("ClusterRole"), body)
-    role = f"{NAME}-leader-election"
-    kube.put_object(kinds.kind("Role"), {"apiVersion": f"{RBAC}/v1", "kind": "Role",
-                                         "metadata": {"name": role, "namespace": NAMESPACE},
-                                         "rules": leader_election_rules()})  # fmt: skip
-    binding = _binding(role, role)
-    binding.update(kind="RoleBinding", roleRef={"apiGroup": RBAC, "kind": "Role", "name": role})
-    binding["metadata"]["namespace"] = NAMESPACE
-    kube.put_object(kinds.kind("RoleBinding"), binding)
 
 
 def write_kubeconfig(plane: ControlPlane, path: Path) -> Path:

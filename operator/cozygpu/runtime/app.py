@@ -41,7 +41,6 @@ log = structlog.get_logger("cozygpu.operator")
 
 # Every kind the view holds: listed at start-up and on each resync, watched in between.
 WATCHED = KINDS
-NAMESPACED = frozenset({"GPUDevice", "GPUBudget", "KubeVirt", "VirtualMachineInstance"})
 # The first resync closes the start-up race between our list and the watch's own.
 FIRST_RESYNC = 5.0
 
@@ -362,7 +361,8 @@ class Operator:
 
 def _key(kind: str, body: dict[str, Any]) -> Any:
     meta = body.get("metadata", {})
-    return (meta.get("namespace", ""), meta.get("name", "")) if kind in NAMESPACED else meta.get("name", "")
+    namespaced = kinds.kind(kind).namespaced
+    return (meta.get("namespace", ""), meta.get("name", "")) if namespaced else meta.get("name", "")
 
 
 def _replace(target: Any, admitted: dict[str, Any]) -> None:

@@ -44,6 +44,3 @@ class Tombstones:
             return True
         del self._versions[key]
         return False
-
-    def __len__(self) -> int:
-        return len(self._versions)
