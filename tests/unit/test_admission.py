@@ -158,6 +158,23 @@ def test_set_rules() -> None:
     assert admission.set_problem({}, [a], None) is None
 
 
+def test_the_permitted_table_is_kubevirts_own_reading_of_its_cr() -> None:
+    """§3.6: no KubeVirt CR, or one without permittedHostDevices, restricts nothing (KubeVirt then renders
+    any device); a table, even an empty one, is the list."""
+    c = cluster()
+    assert admission.permitted_resources(c) is None
+    kv = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "spec": {"configuration": {}}}
+    c.upsert_kubevirt({**kv, "metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "1"}})
+    assert admission.permitted_resources(c) is None
+    table = {"pciHostDevices": [{"pciVendorSelector": "10DE:2236", "resourceName": A10}]}
+    c.upsert_kubevirt({"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "2"},
+                       "spec": {"configuration": {"permittedHostDevices": table}}})  # fmt: skip
+    assert admission.permitted_resources(c) == {A10}
+    c.upsert_kubevirt({"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "3"},
+                       "spec": {"configuration": {"permittedHostDevices": {}}}})  # fmt: skip
+    assert admission.permitted_resources(c) == set()
+
+
 def test_a_template_larger_than_any_node_is_refused_saying_the_most() -> None:
     """§3.7: say the most one node has of the resource."""
     c = base()

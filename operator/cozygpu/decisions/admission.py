@@ -29,6 +29,7 @@ from cozygpu.api.names import (
 )
 from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.capacity import conflicts, held, matching_classes
+from cozygpu.decisions.pinning import pinned_spec
 from cozygpu.decisions.references import HeldRef, TemplateRef
 from cozygpu.decisions.selectors import node_selector_matches
 from cozygpu.state.cluster import Cluster
@@ -156,13 +157,13 @@ def duplicates(members: Sequence[Member]) -> str | None:
 
 
 def permitted_resources(cluster: Cluster) -> set[str] | None:
-    """The KubeVirt permitted table; None when no KubeVirt CR exists (the check is skipped)."""
-    if not cluster.kubevirts:
+    """The KubeVirt permitted table; None when no KubeVirt CR sets one (the check is skipped).
+
+    KubeVirt itself renders any host device while `permittedHostDevices` is unset."""
+    tables = [names for names in cluster.kubevirts.values() if names is not None]
+    if not tables:
         return None
-    out: set[str] = set()
-    for names in cluster.kubevirts.values():
-        out |= names
-    return out
+    return set().union(*tables)
 
 
 def set_problem(labels: dict[str, str], members: Sequence[Member], permitted: set[str] | None) -> str | None:
@@ -308,17 +309,5 @@ def pinned(vmi: dict[str, Any], gpus: Sequence[dict[str, str]], node: str | None
     devices["gpus"] = [dict(e) for e in gpus]
     if node is None:
         return out
-    required = (
-        spec.setdefault("affinity", {})
-        .setdefault("nodeAffinity", {})
-        .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
-    )
-    terms = required.setdefault("nodeSelectorTerms", [])
-    if not terms:
-        terms.append({})
-    pin = {"key": "metadata.name", "operator": "In", "values": [node]}
-    for term in terms:
-        fields = term.setdefault("matchFields", [])
-        if pin not in fields:
-            fields.append(pin)
+    out["spec"] = pinned_spec(spec, node)
     return out

@@ -67,8 +67,8 @@ class Cluster:
         self._arrival: dict[DeviceKey, int] = {}
         self._arrivals = 0
         self.gpunodes: dict[str, GPUNode] = {}
-        # KubeVirt CRs by (namespace, name): the resource names each permits (§1.5).
-        self.kubevirts: dict[DeviceKey, set[str]] = {}
+        # KubeVirt CRs by (namespace, name): the resource names each permits (§1.5); None: no table set.
+        self.kubevirts: dict[DeviceKey, set[str] | None] = {}
         # Bumped whenever capacity may have grown: waiting devices are retried then.
         self.capacity_generation = 0
         # Nodes whose GPUNode status may have changed; the node accountant drains it.
@@ -316,13 +316,16 @@ class Cluster:
         meta = body.get("metadata", {})
         if not self._admit_raw("KubeVirt", (meta.get("namespace", ""), meta.get("name", "")), meta):
             return
-        permitted = (body.get("spec", {}).get("configuration") or {}).get("permittedHostDevices") or {}
-        names = {
-            d["resourceName"]
-            for key in ("pciHostDevices", "mediatedDevices")
-            for d in permitted.get(key) or []
-            if isinstance(d, dict) and d.get("resourceName")
-        }
+        permitted = (body.get("spec", {}).get("configuration") or {}).get("permittedHostDevices")
+        # KubeVirt's pod renderer restricts host devices only when the table is set at all.
+        names = None
+        if isinstance(permitted, dict):
+            names = {
+                d["resourceName"]
+                for key in ("pciHostDevices", "mediatedDevices")
+                for d in permitted.get(key) or []
+                if isinstance(d, dict) and d.get("resourceName")
+            }
         key = (meta.get("namespace", ""), meta.get("name", ""))
         self.kubevirts[key] = names
         self._raw_versions["KubeVirt"][key] = version(meta.get("resourceVersion"))
