@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv crds control-plane lint unit integration test demo dev-cluster bench clean
+.PHONY: venv crds kubevirt-crds control-plane lint unit integration test demo dev-cluster bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,16 @@ venv: $(STAMP)
 crds: venv
 	$(BIN)/cozygpu crds --dir crds
 
+# KubeVirt's full CRD set for the test control plane, printed by kv-dump from KubeVirt's source.
+kubevirt-crds:
+	kv="$$(bash hack/build-kubevirt.sh | tail -n 1)" && { \
+	  echo "# KubeVirt's CustomResourceDefinitions, all that virt-operator installs, printed by"; \
+	  echo "# kv-dump -what=crds (tools/kv-dump of the KubeVirt source, see hack/build-kubevirt.sh)"; \
+	  echo "# from KubeVirt commit $$(basename "$$kv") (Apache-2.0). Regenerate: make kubevirt-crds."; \
+	  "$$kv/kv-dump" -what=crds; } > tests/fixtures/kubevirt/crds.yaml
+
 # Build (or find cached) etcd, kube-apiserver and what tests also run; prints where they are.
-CONTROL_PLANE_EXTRAS := kube-controller-manager kubectl helm
+CONTROL_PLANE_EXTRAS := kube-scheduler kube-controller-manager kubectl helm
 control-plane:
 	bash hack/build-control-plane.sh $(CONTROL_PLANE_EXTRAS)
 

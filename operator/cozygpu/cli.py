@@ -3,7 +3,8 @@
 Subcommands:
   run          run the operator: webhooks, binder, node accountant
   dev-cluster  run a local control plane (etcd, kube-apiserver, our CRDs and
-               KubeVirt's) in the foreground and write an admin kubeconfig
+               KubeVirt's; with --kubevirt KubeVirt's controllers too) in the
+               foreground and write an admin kubeconfig
   crds         write the CRDs generated from the models to crds/ (or --check them)
 """
 
@@ -54,9 +55,9 @@ def _dev_cluster(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    plane = ControlPlane(verbose=args.verbose)
+    plane = ControlPlane(verbose=args.verbose, kubevirt=args.kubevirt)
     try:
-        plane.start()
+        plane.start(timeout=180 if args.kubevirt else 120)
         path = plane.write_kubeconfig(Path(args.kubeconfig).expanduser().resolve())
         print(f"dev-cluster ready: {plane.server} kubeconfig={path} data={plane.workdir} (Ctrl-C stops it)", flush=True)
         while not stop.wait(1.0):
@@ -88,6 +89,7 @@ def _run(args: argparse.Namespace) -> int:
         "lease_name": args.lease_name,
         "lease_namespace": args.lease_namespace,
         "lease_duration": args.lease_duration,
+        "kubevirt_controller_user": args.kubevirt_controller_user,
         "log_format": args.log_format,
         "log_level": args.log_level,
     }
@@ -129,11 +131,21 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-name", help="the Lease replicas compete for (default cozy-gpu-operator)")
     run.add_argument("--lease-namespace", help="its namespace (default: the service account's or kubeconfig's)")
     run.add_argument("--lease-duration", type=float, help="a leader's term in seconds (default 15)")
+    run.add_argument(
+        "--kubevirt-controller-user",
+        help="KubeVirt's controller identity, the only creator of launcher pods with GPUs "
+        "(default system:serviceaccount:kubevirt:kubevirt-controller)",
+    )
     run.set_defaults(func=_run)
 
     dev = sub.add_parser("dev-cluster", help="run a local control plane in the foreground")
     dev.add_argument("--kubeconfig", required=True, help="where to write the admin kubeconfig")
     dev.add_argument("--verbose", action="store_true", help="verbose kube-apiserver logs")
+    dev.add_argument(
+        "--kubevirt",
+        action="store_true",
+        help="KubeVirt in the loop: kube-scheduler, virt-api, virt-controller and a fake kubelet (§11.1)",
+    )
     dev.set_defaults(func=_dev_cluster)
 
     crds = sub.add_parser("crds", help="write (or --check) the CRDs generated from the models")

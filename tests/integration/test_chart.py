@@ -23,8 +23,8 @@ import yaml
 from cryptography import x509
 
 from cozygpu.devcluster import binaries, identity
-from cozygpu.devcluster.controlplane import free_port
 from cozygpu.devcluster.harness import OperatorProcess
+from cozygpu.devcluster.ports import free_port
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from cozygpu.runtime import webhooks

@@ -1,7 +1,8 @@
 """Finds the control plane binaries: KUBEBUILDER_ASSETS, else the hack script's cache.
 
-The hack script builds what is missing from the Go module proxy and prints the
-directory; callers get a clear error when that is not possible.
+The hack scripts build what is missing (Kubernetes from the Go module proxy, KubeVirt
+from its source) and print the directory; callers get a clear error when that is not
+possible.
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ REQUIRED = ("etcd", "kube-apiserver")
 
 class BinariesUnavailable(RuntimeError):
     pass
+
+
+class KubeVirtUnavailable(BinariesUnavailable):
+    """No KubeVirt source or binaries here: KubeVirt's tests skip, saying this."""
+
+
+KUBEVIRT_BINARIES = ("virt-controller", "virt-api", "kv-dump")
+# hack/build-kubevirt.sh exits with this when no KubeVirt source can be had (not a build failure).
+NO_KUBEVIRT_SOURCE = 3
 
 
 def repo_root() -> Path:
@@ -43,4 +53,23 @@ def find(extra: tuple[str, ...] = ()) -> Path:
     directory = Path(done.stdout.strip().splitlines()[-1])
     if not _has(directory, names):
         raise BinariesUnavailable(f"{script} printed {directory}, which lacks {', '.join(names)}")
+    return directory
+
+
+def find_kubevirt() -> Path:
+    """The directory holding KubeVirt's virt-controller, virt-api and kv-dump (§11.1), building them if need be.
+
+    KUBEVIRT_ASSETS, else hack/build-kubevirt.sh's cache, else a build from KubeVirt's source."""
+    assets = os.environ.get("KUBEVIRT_ASSETS")
+    if assets and _has(Path(assets), KUBEVIRT_BINARIES):
+        return Path(assets)
+    script = repo_root() / "hack" / "build-kubevirt.sh"
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, check=False)
+    if done.returncode == NO_KUBEVIRT_SOURCE:
+        raise KubeVirtUnavailable(f"KubeVirt is not available: {done.stderr.strip().splitlines()[-1]}")
+    if done.returncode != 0:
+        raise BinariesUnavailable(f"{script} failed:\n{done.stderr[-4000:]}")
+    directory = Path(done.stdout.strip().splitlines()[-1])
+    if not _has(directory, KUBEVIRT_BINARIES):
+        raise BinariesUnavailable(f"{script} printed {directory}, which lacks {', '.join(KUBEVIRT_BINARIES)}")
     return directory

@@ -12,7 +12,6 @@ import contextlib
 import ctypes
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,8 @@ import yaml
 from cozygpu import tls
 from cozygpu.api import KINDS, crdgen
 from cozygpu.devcluster import binaries
+from cozygpu.devcluster.kubevirt import KubeVirt
+from cozygpu.devcluster.ports import free_port
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import AlreadyExists, Kube
 
@@ -42,13 +43,6 @@ def _die_with_parent() -> None:
     # killed outright (their data is thrown away anyway), so nothing outlives a killed run.
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _b64(data: bytes) -> str:
@@ -74,9 +68,11 @@ def client_certificate(client: tls.KeyPair) -> dict[str, str]:
 
 
 def crd_manifests() -> list[dict[str, Any]]:
-    """Our CRDs (straight from the models) and KubeVirt's (from the test fixtures)."""
+    """Our CRDs (straight from the models) and all of KubeVirt's (from the test fixtures)."""
     ours = [crdgen.crd(k) for k in KINDS]
-    theirs = [d for d in yaml.safe_load_all(KUBEVIRT_CRDS.read_text()) if d]
+    # 4 MB of YAML: libyaml's loader reads it in a second, the pure-Python one in six.
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    theirs = [d for d in yaml.load_all(KUBEVIRT_CRDS.read_text(), Loader=loader) if d]
     return ours + theirs
 
 
@@ -88,10 +84,16 @@ class ControlPlane:
         workdir: Path | None = None,
         verbose: bool = False,
         controllers: tuple[str, ...] = (),
+        kubevirt: bool = False,
     ) -> None:
-        """`controllers`: kube-controller-manager controllers to run too (e.g. garbagecollector, namespace)."""
+        """`controllers`: kube-controller-manager controllers to run too (e.g. garbagecollector, namespace).
+
+        `kubevirt`: KubeVirt in the loop as well (§11.1): kube-scheduler, virt-api, virt-controller
+        and a fake kubelet; raises `binaries.BinariesUnavailable` saying why when they cannot be had."""
         self._bin_dir = bin_dir
         self._controllers = controllers
+        self._with_kubevirt = kubevirt
+        self.kubevirt: KubeVirt | None = None
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="cozygpu-cp-"))
         self._verbose = verbose
@@ -113,19 +115,28 @@ class ControlPlane:
 
     def start(self, timeout: float = 120.0) -> None:
         try:
-            extra = ("kube-controller-manager",) if self._controllers else ()
+            extra: tuple[str, ...] = ("kube-controller-manager",) if self._controllers else ()
+            if self._with_kubevirt:
+                extra += ("kube-scheduler",)
             bin_dir = self._bin_dir or binaries.find(extra)
+            kubevirt_dir = binaries.find_kubevirt() if self._with_kubevirt else None
             deadline = time.monotonic() + timeout
             etcd_url = self._start_etcd(bin_dir, deadline)
             self._start_apiserver(bin_dir, etcd_url, deadline)
             self.install_crds(deadline)
             if self._controllers:
                 self._start_controller_manager(bin_dir)
+            if kubevirt_dir is not None:
+                self.kubevirt = KubeVirt(self, bin_dir, kubevirt_dir)
+                self.kubevirt.start(deadline)
         except BaseException:
             self.stop()
             raise
 
     def stop(self) -> None:
+        if self.kubevirt is not None:
+            self.kubevirt.stop()
+            self.kubevirt = None
         for _name, proc, log in reversed(self._procs):
             if proc.poll() is None:
                 proc.terminate()
@@ -162,7 +173,7 @@ class ControlPlane:
 
     # -- processes ---------------------------------------------------------
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
         proc = subprocess.Popen(
             argv,
@@ -178,7 +189,7 @@ class ControlPlane:
         log = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
         return ControlPlaneError(f"{name} {why}; the end of its log:\n{log}")
 
-    def _wait(self, name: str, proc: subprocess.Popen[bytes], ready: Any, deadline: float) -> None:
+    def wait_until(self, name: str, proc: subprocess.Popen[bytes], ready: Any, deadline: float) -> None:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise self._failed(name, f"exited with {proc.returncode}")
@@ -194,7 +205,7 @@ class ControlPlane:
         client, peer = free_port(), free_port()
         url = f"http://127.0.0.1:{client}"
         peer_url = f"http://127.0.0.1:{peer}"
-        proc = self._spawn(
+        proc = self.spawn(
             "etcd",
             [
                 str(bin_dir / "etcd"),
@@ -209,7 +220,7 @@ class ControlPlane:
                 "--log-level=warn",
             ],
         )
-        self._wait("etcd", proc, lambda: requests.get(f"{url}/health", timeout=1).ok, deadline)
+        self.wait_until("etcd", proc, lambda: requests.get(f"{url}/health", timeout=1).ok, deadline)
         return url
 
     def _start_apiserver(self, bin_dir: Path, etcd_url: str, deadline: float) -> None:
@@ -228,7 +239,7 @@ class ControlPlane:
             (certs / name).write_bytes(data)
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
-        proc = self._spawn(
+        proc = self.spawn(
             "kube-apiserver",
             [
                 str(bin_dir / "kube-apiserver"),
@@ -247,17 +258,23 @@ class ControlPlane:
                 f"--service-account-issuer={self.server}",
                 f"--service-account-key-file={certs / 'sa.pub'}",
                 f"--service-account-signing-key-file={certs / 'sa.key'}",
+                # Aggregation's front-proxy CA: virt-api reads it from extension-apiserver-authentication.
+                f"--requestheader-client-ca-file={certs / 'ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                 "--profiling=false",
                 f"--v={4 if self._verbose else 1}",
             ],
         )
         self.write_kubeconfig(self.kubeconfig_path)
         kube = self.kube()
-        self._wait("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, deadline)
+        self.wait_until("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, deadline)
 
     def _start_controller_manager(self, bin_dir: Path) -> None:
         """Owner-reference garbage collection and namespace deletion, as in a cluster."""
-        self._spawn(
+        self.spawn(
             "kube-controller-manager",
             [
                 str(bin_dir / "kube-controller-manager"),

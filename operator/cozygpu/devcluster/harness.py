@@ -22,7 +22,7 @@ import requests
 
 from cozygpu.api.meta import now
 from cozygpu.api.names import API_VERSION
-from cozygpu.devcluster.controlplane import free_port
+from cozygpu.devcluster.ports import free_port
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Conflict, Kube
 

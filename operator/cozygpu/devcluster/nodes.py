@@ -14,6 +14,20 @@ from cozygpu.kube.adapter import Body, Kube
 
 BASE_RESOURCES = {"cpu": "32", "memory": "256Gi", "pods": "110"}
 
+# What virt-handler and KubeVirt's device plugins put on a node that can run VMs (§11.1):
+# every launcher pod selects on these labels and asks for one of each device.
+KUBEVIRT_LABELS = {
+    "kubevirt.io/schedulable": "true",
+    "machine-type.node.kubevirt.io/q35": "true",
+    "kubernetes.io/arch": "amd64",
+}
+KUBEVIRT_RESOURCES: dict[str, int | str] = {
+    "devices.kubevirt.io/kvm": 1000,
+    "devices.kubevirt.io/tun": 1000,
+    "devices.kubevirt.io/vhost-net": 1000,
+    "ephemeral-storage": "100Gi",
+}
+
 # The API server taints every new Node not-ready (TaintNodesByCondition); in a
 # cluster the node lifecycle controller lifts it once the kubelet reports Ready.
 NOT_READY_TAINT = {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}
@@ -39,7 +53,7 @@ def node_body(
     }
 
 
-def node_status(gpus: Mapping[str, int], *, ready: bool = True) -> Body:
+def node_status(gpus: Mapping[str, int | str], *, ready: bool = True) -> Body:
     resources = {**BASE_RESOURCES, **{k: str(v) for k, v in gpus.items()}}
     return {
         "status": {
@@ -60,14 +74,20 @@ def node_status(gpus: Mapping[str, int], *, ready: bool = True) -> Body:
 def create_gpu_node(
     kube: Kube,
     name: str,
-    gpus: Mapping[str, int],
+    gpus: Mapping[str, int | str],
     *,
     labels: Mapping[str, str] | None = None,
     taints: Sequence[Mapping[str, str]] = (),
     unschedulable: bool = False,
     ready: bool = True,
+    kubevirt: bool = False,
 ) -> Body:
-    """Create a Node, then write its status: the API server ignores status on create."""
+    """Create a Node, then write its status: the API server ignores status on create.
+
+    `kubevirt`: labelled and equipped as virt-handler would leave a node, so launcher pods fit."""
+    if kubevirt:
+        labels = {**KUBEVIRT_LABELS, **(labels or {})}
+        gpus = {**KUBEVIRT_RESOURCES, **gpus}
     kube.create(kinds.NODE, node_body(name, labels=labels, taints=taints, unschedulable=unschedulable))
     kube.patch(kinds.NODE, name, node_status(gpus, ready=ready), subresource="status")
     return _sync_not_ready_taint(kube, name, ready)

@@ -28,6 +28,8 @@ _ALL = {
     "Node": Kind("v1", "Node", "nodes", False),
     "Namespace": Kind("v1", "Namespace", "namespaces", False),
     "Event": Kind("v1", "Event", "events", True),
+    "Pod": Kind("v1", "Pod", "pods", True),
+    "ConfigMap": Kind("v1", "ConfigMap", "configmaps", True),
     "ServiceAccount": Kind("v1", "ServiceAccount", "serviceaccounts", True),
     "Service": Kind("v1", "Service", "services", True),
     "Secret": Kind("v1", "Secret", "secrets", True),
@@ -70,6 +72,8 @@ GPU_BUDGET = kind("GPUBudget")
 NODE = kind("Node")
 NAMESPACE = kind("Namespace")
 VMI = kind("VirtualMachineInstance")
+VM = kind("VirtualMachine")
+POD = kind("Pod")
 KUBEVIRT = kind("KubeVirt")
 CRD = kind("CustomResourceDefinition")
 MUTATING_WEBHOOKS = kind("MutatingWebhookConfiguration")
