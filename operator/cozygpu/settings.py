@@ -40,6 +40,11 @@ class Settings(BaseModel):
     lease_name: str = Field(default="cozy-gpu-operator", min_length=1)
     lease_namespace: str = Field(default="", description="Unset: the service account's or kubeconfig's namespace.")
     lease_duration: float = Field(default=15.0, ge=3, le=300, description="A leader's term, seconds.")
+    kubevirt_controller_user: str = Field(
+        default="system:serviceaccount:kubevirt:kubevirt-controller",
+        min_length=1,
+        description="KubeVirt's controller identity: the only creator of pods with managed GPUs (§12.2).",
+    )
 
     @model_validator(mode="after")
     def _bind_inside_webhook(self) -> Self:

@@ -30,6 +30,7 @@ from cozygpu.runtime.collector import Collector
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.health import HealthServer
 from cozygpu.runtime.metrics import Metrics
+from cozygpu.runtime.pod_webhook import LauncherAdmission, PodRefused
 from cozygpu.runtime.reservations import Reservations
 from cozygpu.runtime.validation import Denied, Validation
 from cozygpu.runtime.vmi_webhook import InternalError, Refusal, VMIAdmission
@@ -89,6 +90,7 @@ class Operator:
             seen=self._seen,
         )
         self.validation = Validation(self.cluster, self.reservations)
+        self.launchers = LauncherAdmission(self.cluster, settings.kubevirt_controller_user)
         self.health = HealthServer(settings.health_host, settings.health_port, self.readiness, self.metrics.render)
         self.serving: webhooks.Serving | None = None
         self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
@@ -184,6 +186,18 @@ class Operator:
                 raise kopf.AdmissionError(str(e), code=403) from None
             except InternalError as e:
                 raise kopf.AdmissionError(f"the GPU operator could not check the VMI: {e}", code=500) from None
+        if admitted is not body:
+            patch.fns.append(lambda target: _replace(target, admitted))
+
+    def mutate_pod(self, body: dict[str, Any], patch: kopf.Patch, user: str) -> None:
+        with self._timed(webhooks.POD_HOOK):
+            if not self.synced:
+                # Decided from the view alone: none yet, so fail closed and let KubeVirt retry.
+                raise kopf.AdmissionError("the GPU operator has not synced its view yet", code=500)
+            try:
+                admitted = self.launchers.admit(body, user)
+            except PodRefused as e:
+                raise kopf.AdmissionError(str(e), code=403) from None
         if admitted is not body:
             patch.fns.append(lambda target: _replace(target, admitted))
 

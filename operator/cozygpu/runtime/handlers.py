@@ -63,6 +63,10 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     async def vmi(body: kopf.Body, patch: kopf.Patch, dryrun: bool, **_: Any) -> None:
         await operator.mutate_vmi(_raw(body), patch, dryrun)
 
+    @kopf.on.mutate("", "v1", "pods", id=webhooks.POD_HOOK, registry=registry, operations=["CREATE"])
+    async def pod(body: kopf.Body, patch: kopf.Patch, userinfo: kopf.UserInfo, **_: Any) -> None:
+        operator.mutate_pod(_raw(body), patch, str(userinfo.get("username", "")))
+
     @kopf.on.validate(GROUP, VERSION, "gpudevices", id=webhooks.DEVICE_HOOK, registry=registry)
     async def gpudevice(userinfo: kopf.UserInfo, dryrun: bool, **kw: Any) -> None:
         user = str(userinfo.get("username", ""))

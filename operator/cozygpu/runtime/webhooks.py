@@ -28,6 +28,26 @@ VMI_HOOK = "vmi"
 DEVICE_HOOK = "gpudevice"
 CLASS_HOOK = "gpuclass"
 BUDGET_HOOK = "gpubudget"
+POD_HOOK = "pod"
+
+# virt-controller's label on every pod it renders for a VMI (launchers, migration targets).
+LAUNCHER_SELECTOR = {"kubevirt.io": "virt-launcher"}
+# KubeVirt's own devices, asked for by every launcher pod: not GPUs.
+KUBEVIRT_DEVICES = "devices.kubevirt.io/"
+
+
+def _asks_extended(containers: str) -> str:
+    ask = f"r.contains('/') && !r.startsWith('{KUBEVIRT_DEVICES}')"
+    per_field = [f"(has(c.resources.{f}) && c.resources.{f}.exists(r, {ask}))" for f in ("requests", "limits")]
+    return f"{containers}.exists(c, has(c.resources) && ({' || '.join(per_field)}))"
+
+
+# Only pods asking for an extended resource other than KubeVirt's own reach the pod webhook
+# (§12.3): whether it is a managed GPU resource is the operator's to say, from its classes.
+ASKS_EXTENDED = (
+    f"{_asks_extended('object.spec.containers')} || "
+    f"(has(object.spec.initContainers) && {_asks_extended('object.spec.initContainers')})"
+)
 
 
 class ReviewServer(kopf.WebhookServer):
@@ -96,7 +116,7 @@ def not_from(username: str) -> list[dict[str, str]]:
 def configurations(
     url: str, ca_bundle: bytes, timeout: float, operator_user: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The Mutating (VMIs) and Validating (our kinds) configurations of §3, §9 and §10."""
+    """The Mutating (VMIs, launcher pods) and Validating (our kinds) configurations of §3, §9, §10 and §12."""
     seconds = int(timeout)
     common = {"admissionReviewVersions": ["v1"], "failurePolicy": "Fail", "matchPolicy": "Equivalent"}
     mutating = {
@@ -114,7 +134,19 @@ def configurations(
                 "sideEffects": "NoneOnDryRun",
                 "timeoutSeconds": seconds,
                 **common,
-            }
+            },
+            {
+                # §12.2: the pin that holds is on the pod, which KubeVirt cannot rewrite once created.
+                "name": f"pod.{GROUP}",
+                "clientConfig": _client(url, POD_HOOK, ca_bundle),
+                "rules": [_rule("", "v1", "pods", ["CREATE"])],
+                "objectSelector": {"matchLabels": dict(LAUNCHER_SELECTOR)},
+                "matchConditions": [{"name": "asks-for-an-extended-resource", "expression": ASKS_EXTENDED}],
+                "reinvocationPolicy": "IfNeeded",
+                "sideEffects": "None",
+                "timeoutSeconds": min(seconds, 10),
+                **common,
+            },
         ],
     }
     validating = {

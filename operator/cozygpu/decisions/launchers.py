@@ -1,0 +1,143 @@
+"""§12.2 for pods: a pod that asks for a managed GPU resource runs only as its VMI's launcher, on its set's node.
+
+Called by the pod webhook (runtime.pod_webhook) with the pod under admission, who
+creates it, and the devices the view has attached to the pod's VMI. kube-scheduler
+knows nothing of held devices, and KubeVirt's VM controller rewrites a VMI's affinity
+to the VM template's (§3), so the pin that holds is put on the pod itself, which is
+immutable once created: whatever KubeVirt renders later (a restart, a migration
+target) passes here again.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cozygpu.api import GPUClass, GPUDevice
+from cozygpu.api.names import KUBEVIRT_GROUP
+from cozygpu.decisions.admission import ident
+
+_QUANTITY = re.compile(r"^([0-9]+)(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+_SUFFIX: dict[str | None, int] = {
+    None: 1,
+    **{s: 1000**i for i, s in enumerate("kMGTPE", 1)},
+    **{f"{s}i": 1024**i for i, s in enumerate("KMGTPE", 1)},
+}
+
+
+class BadQuantity(ValueError):
+    pass
+
+
+def units(quantity: Any) -> int:
+    """A whole count of an extended resource ("2", "1k"); the API server allows nothing else."""
+    match = _QUANTITY.match(str(quantity).strip())
+    if match is None:
+        raise BadQuantity(f"{quantity!r} is not a whole number of units")
+    count: int = int(match.group(1)) * _SUFFIX[match.group(2)]
+    return count
+
+
+def _container_asks(container: Mapping[str, Any], managed: set[str]) -> dict[str, int]:
+    resources = container.get("resources") or {}
+    asked: dict[str, int] = {}
+    for field in ("requests", "limits"):
+        for resource, quantity in (resources.get(field) or {}).items():
+            if resource in managed:
+                asked[resource] = max(asked.get(resource, 0), units(quantity))
+    return asked
+
+
+def asked(pod: Mapping[str, Any], managed: set[str]) -> dict[str, int]:
+    """Units of each managed resource the pod holds while it runs, as the scheduler counts them:
+    the sum over its containers, or the largest init container's ask if that is more."""
+    spec = pod.get("spec") or {}
+    total: dict[str, int] = defaultdict(int)
+    for container in spec.get("containers") or []:
+        for resource, n in _container_asks(container, managed).items():
+            total[resource] += n
+    for container in spec.get("initContainers") or []:
+        for resource, n in _container_asks(container, managed).items():
+            total[resource] = max(total[resource], n)
+    return {r: n for r, n in total.items() if n}
+
+
+def owner_vmi(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the VMI that controls the pod, as virt-controller sets it on launcher pods."""
+    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
+        if (
+            ref.get("kind") == "VirtualMachineInstance"
+            and str(ref.get("apiVersion", "")).startswith(f"{KUBEVIRT_GROUP}/")
+            and ref.get("controller")
+        ):
+            return str(ref.get("name", "")), str(ref.get("uid", ""))
+    return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Allowed untouched (both None), pinned to `node`, or refused with `refusal`."""
+
+    node: str | None = None
+    refusal: str | None = None
+
+
+def _set_of(devices: Sequence[GPUDevice], uid: str) -> list[GPUDevice]:
+    """The devices attached to this VMI object: by its uid, or by name before the uid is recorded (§6.1)."""
+    return [d for d in devices if d.status.attached_to is not None and d.status.attached_to.uid in (None, uid)]
+
+
+def judge(
+    pod: Mapping[str, Any],
+    user: str,
+    controller_user: str,
+    attached: Sequence[GPUDevice],
+    classes: Mapping[str, GPUClass],
+) -> Verdict:
+    """§12.2: who may create the pod, for which VMI, how many units, on which node."""
+    meta = pod.get("metadata") or {}
+    what = f"Pod {meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}"
+    managed = {c.spec.resource_name for c in classes.values()}
+    try:
+        wants = asked(pod, managed)
+    except BadQuantity as e:
+        return Verdict(refusal=f"{what}: a managed GPU resource: {e}")
+    if not wants:
+        return Verdict()
+    resources = ", ".join(sorted(wants))
+    if user != controller_user:
+        return Verdict(
+            refusal=f"{what} asks for {resources}, which the GPU operator manages: only KubeVirt's controller "
+            f"({controller_user}) may create such pods, for VMs that reference GPUDevices"
+        )
+    owner = owner_vmi(pod)
+    if owner is None:
+        return Verdict(refusal=f"{what} asks for {resources} but is not controlled by a VirtualMachineInstance")
+    vmi, uid = owner
+    devices = _set_of(attached, uid)
+    if not devices:
+        return Verdict(
+            refusal=f"{what} asks for {resources} for VMI {vmi}, which has no GPUDevices attached by the GPU operator"
+        )
+    not_held = [d for d in devices if not d.holds_gpus]
+    if not_held:
+        return Verdict(refusal=f"{what}: the GPUs of VMI {vmi} are not held: " + "; ".join(map(ident, not_held)))
+    nodes = sorted({d.status.node_name or "" for d in devices})
+    if len(nodes) != 1:
+        return Verdict(refusal=f"{what}: the GPUDevices of VMI {vmi} are on more than one node: {', '.join(nodes)}")
+    held: dict[str, int] = defaultdict(int)
+    for d in devices:
+        cls = classes.get(d.spec.class_name)
+        if cls is not None:
+            held[cls.spec.resource_name] += d.spec.count
+    over = [f"{n} of {r} (its devices hold {held.get(r, 0)})" for r, n in sorted(wants.items()) if n > held.get(r, 0)]
+    if over:
+        return Verdict(refusal=f"{what} asks for more GPUs than VMI {vmi} holds: " + ", ".join(over))
+    node = nodes[0]
+    assigned = (pod.get("spec") or {}).get("nodeName")
+    if assigned and assigned != node:
+        return Verdict(refusal=f"{what} is assigned to node {assigned}, and the GPUs of VMI {vmi} are on {node}")
+    return Verdict(node=node)

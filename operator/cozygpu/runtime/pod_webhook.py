@@ -1,0 +1,53 @@
+"""The pod admission executor (§12.2): launcher pods pinned to their VMI's set, other GPU pods refused.
+
+Called by the mutating webhook handler (runtime.handlers) for CREATE of pods that the
+webhook configuration lets through (launcher pods asking for an extended resource).
+It decides from the view: every device the VMI webhook attached and every answer the
+binder wrote went into the view when its write returned, so a pod rendered after its
+VMI was admitted finds its set there.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import structlog
+
+from cozygpu.decisions import launchers
+from cozygpu.decisions.pinning import is_pinned, pinned_spec
+from cozygpu.state.cluster import Cluster
+
+log = structlog.get_logger("cozygpu.webhook")
+
+
+class PodRefused(Exception):
+    """A denial KubeVirt records on the VMI and retries."""
+
+
+class LauncherAdmission:
+    def __init__(self, cluster: Cluster, controller_user: str) -> None:
+        self._cluster = cluster
+        self._controller_user = controller_user
+
+    def admit(self, pod: dict[str, Any], user: str) -> dict[str, Any]:
+        """The pod as admitted: untouched, or pinned to its set's node; raises PodRefused."""
+        started = time.monotonic()
+        meta = pod.get("metadata") or {}
+        namespace = meta.get("namespace") or ""
+        owner = launchers.owner_vmi(pod)
+        vmi = owner[0] if owner else None
+        attached = self._cluster.attached_to(namespace, vmi) if vmi else []
+        verdict = launchers.judge(pod, user, self._controller_user, attached, self._cluster.classes)
+        fields = {"namespace": namespace, "pod": meta.get("name") or meta.get("generateName"), "vmi": vmi}
+        if verdict.refusal is not None:
+            log.info("pod.refused", reason=verdict.refusal, user=user, **fields)
+            raise PodRefused(verdict.refusal)
+        if verdict.node is None:
+            return pod
+        spec = pod.get("spec") or {}
+        ms = round((time.monotonic() - started) * 1000, 1)
+        log.info("pod.pinned", node=verdict.node, duration_ms=ms, **fields)
+        if is_pinned(spec, verdict.node):
+            return pod
+        return {**pod, "spec": pinned_spec(spec, verdict.node)}
