@@ -1,0 +1,41 @@
+"""A VM with GPUs starts through KubeVirt's own controllers, on the node of its set (§3, §11.1, §12.2)."""
+
+from __future__ import annotations
+
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import Kube
+from tests.helpers import gpu_device_body
+from tests.kubevirt import vms
+from tests.kubevirt.conftest import Gpu, Nodes
+
+
+def bound(kv: Kube, ns: str, name: str) -> str:
+    """Wait until the device is Bound; its node."""
+    body = wait_for(
+        f"GPUDevice {name} Bound",
+        lambda: (d := kv.get(kinds.GPU_DEVICE, name, ns)).get("status", {}).get("phase") == "Bound" and d,
+    )
+    node: str = body["status"]["nodeName"]
+    return node
+
+
+def test_a_vm_with_a_held_and_a_template_device_runs_on_the_node_of_its_set(
+    kv: Kube, kv_operator: OperatorProcess, ns: str, gpu: Gpu, kv_nodes: Nodes
+) -> None:
+    """virt-controller makes the VMI through our webhook (two gpus entries), renders a launcher pod asking for
+    2 units, our pod webhook pins it, and kube-scheduler binds it to the node holding both devices."""
+    kv_nodes.add(2)
+    kv_nodes.add(4)  # emptier: the scheduler alone would prefer it
+    kv.create(kinds.GPU_DEVICE, gpu_device_body("keep", ns, gpu.cls))
+    node = bound(kv, ns, "keep")
+    kv.create(kinds.VM, vms.vm_body("vm", ns, [vms.held("keep"), vms.template(gpu.cls)]))
+
+    vmi, pod = vms.running(kv, ns, "vm")
+
+    assert [g["deviceName"] for g in vmi["spec"]["domain"]["devices"]["gpus"]] == [gpu.resource] * 2
+    assert vms.gpu_units(pod, gpu.resource) == 2
+    assert pod["spec"]["nodeName"] == node
+    assert vms.pin_of(pod["spec"]) == [node]
+    assert bound(kv, ns, "vm-gpu-1") == node
+    assert vmi["status"]["nodeName"] == node

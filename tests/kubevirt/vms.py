@@ -1,0 +1,98 @@
+"""VirtualMachines as tenants write them, and what the tests wait for on them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
+from cozygpu.devcluster.harness import wait_for
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import Body, Kube
+
+
+def vm_body(name: str, namespace: str, refs: list[dict[str, Any]], *, running: bool = True) -> Body:
+    """A VM whose template names GPU devices (§1.5); KubeVirt copies both onto every VMI it makes."""
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "runStrategy": "Always" if running else "Halted",
+            "template": {
+                "metadata": {
+                    "labels": {LABEL_DEVICE_REFERENCE: "true", "kubevirt.io/vm": name},
+                    "annotations": {ANNOTATION_DEVICES: json.dumps(refs)},
+                },
+                "spec": {
+                    "domain": {"devices": {}, "resources": {"requests": {"memory": "128Mi"}}},
+                    "terminationGracePeriodSeconds": 0,
+                },
+            },
+        },
+    }
+
+
+def held(name: str) -> dict[str, Any]:
+    return {"device": name}
+
+
+def template(class_name: str, count: int = 1) -> dict[str, Any]:
+    return {"deviceTemplate": {"className": class_name, "count": count}}
+
+
+def vmi(kube: Kube, namespace: str, name: str) -> Body | None:
+    return kube.get_or_none(kinds.VMI, name, namespace)
+
+
+def pods_of(kube: Kube, namespace: str, uid: str) -> list[Body]:
+    """The pods virt-controller rendered for the VMI object with this uid."""
+    return kube.list(kinds.POD, namespace, label_selector=f"kubevirt.io/created-by={uid}")
+
+
+def running(kube: Kube, namespace: str, name: str, timeout: float = 60.0) -> tuple[Body, Body]:
+    """Wait until the VM's VMI runs; return it and its (one live) launcher pod."""
+
+    def probe() -> tuple[Body, Body] | None:
+        body = vmi(kube, namespace, name)
+        if body is None or body.get("status", {}).get("phase") != "Running":
+            return None
+        live = [
+            p for p in pods_of(kube, namespace, body["metadata"]["uid"]) if not p["metadata"].get("deletionTimestamp")
+        ]
+        return (body, live[0]) if len(live) == 1 and live[0]["spec"].get("nodeName") else None
+
+    return wait_for(f"VMI {namespace}/{name} running", probe, timeout)
+
+
+def set_running(kube: Kube, namespace: str, name: str, run: bool) -> None:
+    kube.patch(kinds.VM, name, {"spec": {"runStrategy": "Always" if run else "Halted"}}, namespace)
+
+
+def gone(kube: Kube, namespace: str, name: str, uid: str, timeout: float = 60.0) -> None:
+    """Wait until the VMI object with this uid and every pod rendered for it are gone."""
+
+    def probe() -> bool:
+        body = vmi(kube, namespace, name)
+        return (body is None or body["metadata"]["uid"] != uid) and not pods_of(kube, namespace, uid)
+
+    wait_for(f"VMI {namespace}/{name} ({uid}) gone", probe, timeout)
+
+
+def condition(vm: Body, kind: str) -> Body | None:
+    return next((c for c in vm.get("status", {}).get("conditions") or [] if c.get("type") == kind), None)
+
+
+def pin_of(spec: Body) -> list[str]:
+    """Nodes named by matchFields pins in the spec's required node affinity."""
+    terms = (
+        ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+        or {}
+    ).get("nodeSelectorTerms") or []
+    return sorted(
+        {v for t in terms for f in t.get("matchFields") or [] if f.get("key") == "metadata.name" for v in f["values"]}
+    )
+
+
+def gpu_units(pod: Body, resource: str) -> int:
+    return sum(int((c.get("resources", {}).get("limits") or {}).get(resource, 0)) for c in pod["spec"]["containers"])
