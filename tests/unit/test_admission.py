@@ -271,3 +271,18 @@ def test_judging_the_binders_answer() -> None:
     assert admission.judge_answer([ok]) == ("n1", None)
     assert admission.judge_answer([ok, far]) == (None, "the GPU binder placed the set on more than one node: n1, n2")
     assert admission.judge_answer([failed]) == (None, "no node has 2 free units")
+
+
+def test_a_gather_is_told_per_moved_device_and_to_the_vm_that_made_the_vmi() -> None:
+    """§5.3: devices Bound or Lost elsewhere are named with the node they left; new and staying ones are not.
+    The Event goes to the VMI's controlling VirtualMachine, when there is one."""
+    c = base()
+    stay = member(c, device("stay", phase="Bound", node_name="n1"))
+    moved = member(c, device("far", phase="Lost", node_name="n2"), 1)
+    new = member(c, device("new"), 2)
+    assert admission.gathered([stay, moved, new], "n1") == ["GPUDevice far from node n2"]
+    owner = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "vm", "uid": "u", "controller": True}
+    vmi = {"metadata": {"name": "vm", "namespace": "t1", "ownerReferences": [owner]}}
+    reference = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "vm", "namespace": "t1", "uid": "u"}
+    assert admission.owner_vm(vmi) == reference
+    assert admission.owner_vm({"metadata": {"name": "bare"}}) is None

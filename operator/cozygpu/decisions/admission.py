@@ -21,6 +21,7 @@ from cozygpu.api.meta import ObjectMeta
 from cozygpu.api.names import (
     API_VERSION,
     CONDITION_LOST_CAPACITY,
+    KUBEVIRT_API_VERSION,
     LABEL_MODE,
     LABEL_TEMPLATE_DEVICE,
     TRUE,
@@ -299,6 +300,25 @@ def judge_answer(devices: Sequence[GPUDevice]) -> tuple[str | None, str | None]:
     if len(nodes) != 1:
         return None, "the GPU binder placed the set on more than one node: " + ", ".join(sorted(nodes))
     return nodes.pop(), None
+
+
+def gathered(members: Sequence[Member], node: str) -> list[str]:
+    """§5.3 as the tenant reads it: each existing device of the set that the answer moved to `node`."""
+    return [
+        f"GPUDevice {m.device.name} from node {m.device.status.node_name}"
+        for m in members
+        if m.device.status.node_name and m.device.status.node_name != node
+    ]
+
+
+def owner_vm(vmi: dict[str, Any]) -> dict[str, Any] | None:
+    """A reference to the VirtualMachine that made the VMI (KubeVirt sets it as controlling owner)."""
+    meta = vmi.get("metadata") or {}
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == "VirtualMachine" and ref.get("controller") and ref.get("name") and ref.get("uid"):
+            return {"apiVersion": ref.get("apiVersion", KUBEVIRT_API_VERSION), "kind": "VirtualMachine",
+                    "name": ref["name"], "namespace": meta.get("namespace", ""), "uid": ref["uid"]}  # fmt: skip
+    return None
 
 
 def pinned(vmi: dict[str, Any], gpus: Sequence[dict[str, str]], node: str | None) -> dict[str, Any]:

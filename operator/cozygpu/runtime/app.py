@@ -88,6 +88,7 @@ class Operator:
             self.reservations,
             bind_timeout=settings.bind_timeout,
             seen=self._seen,
+            events=self.events,
         )
         self.validation = Validation(self.cluster, self.reservations)
         self.launchers = LauncherAdmission(self.cluster, settings.kubevirt_controller_user)

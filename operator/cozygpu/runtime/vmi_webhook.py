@@ -26,6 +26,7 @@ from cozygpu.decisions.admission import Member
 from cozygpu.decisions.references import HeldRef, TemplateRef
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict, NotFound
+from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.reservations import Reservations
 from cozygpu.runtime.waiters import Waiters
 from cozygpu.state.cluster import Cluster
@@ -63,6 +64,7 @@ class VMIAdmission:
         *,
         bind_timeout: float,
         seen: Callable[[dict[str, Any]], None],
+        events: Recorder | None = None,
     ) -> None:
         self._cluster = cluster
         self._kube = kube
@@ -70,6 +72,7 @@ class VMIAdmission:
         self._reservations = reservations
         self._bind_timeout = bind_timeout
         self._seen = seen  # feeds a write's response into the view and wakes the binder
+        self._events = events
 
     async def admit(self, vmi: dict[str, Any], dry_run: bool) -> dict[str, Any]:
         """The VMI as admitted (gpus entries, node pin); raises Refusal or InternalError."""
@@ -119,6 +122,11 @@ class VMIAdmission:
             node = admission.already_placed(members, name, utcnow())
             return admission.pinned(vmi, gpus, node), node
         node = await self._bind(namespace, name, members)
+        moved = admission.gathered(members, node)
+        vm = admission.owner_vm(vmi)
+        if moved and vm is not None and self._events is not None:
+            # The VM is what the tenant looks at; each device's own Moved Event says the same per device.
+            self._events.post_about(vm, "GPUsGathered", f"GPUs gathered on node {node}: " + ", ".join(moved))
         return admission.pinned(vmi, gpus, node), node
 
     def _permitted(self) -> set[str] | None:
