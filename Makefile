@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv crds kubevirt-crds control-plane lint unit integration test demo dev-cluster bench clean
+.PHONY: venv crds kubevirt-crds kubevirt control-plane lint unit integration test demo dev-cluster bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,11 +41,19 @@ lint: venv
 unit: venv
 	$(BIN)/pytest tests/unit
 
-test: lint control-plane
+test: lint control-plane kubevirt
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh $(CONTROL_PLANE_EXTRAS) | tail -n 1)" $(BIN)/pytest --durations=10
 
-# A local control plane with fake GPU nodes and a short walk through the API.
-demo: venv control-plane
+# KubeVirt's virt-controller, virt-api and kv-dump for tests/kubevirt and the demo, built from
+# KubeVirt's source (hack/build-kubevirt.sh); without a source they skip, saying why.
+kubevirt:
+	@bash hack/build-kubevirt.sh >/dev/null; rc=$$?; \
+	if [ $$rc -eq 3 ]; then echo "make: KubeVirt is not available: its tests and demo parts skip"; \
+	elif [ $$rc -ne 0 ]; then exit $$rc; fi
+
+# A local control plane with fake GPU nodes, KubeVirt where available, and a short story.
+demo: venv kubevirt
+	bash hack/build-control-plane.sh kube-scheduler >/dev/null
 	$(BIN)/python hack/demo.py
 
 # The control plane alone, in the foreground, for trying things by hand.

@@ -1,14 +1,18 @@
 """`make demo`: a local control plane with fake GPU nodes, the operator, and a short story.
 
-Starts etcd and kube-apiserver (with our CRDs and KubeVirt's), two fake GPU nodes and
-`cozygpu run --dev` (webhooks registered against the local API server); a tenant
-creates held devices and the binder places them; a VMI naming two held devices and a
-template entry is admitted, gathered onto one node and pinned there; a VMI asking
-for a taken device is refused. Everything stops at the end.
+Starts etcd and kube-apiserver (with our CRDs and KubeVirt's) and, where KubeVirt can be
+had (hack/build-kubevirt.sh), KubeVirt's own virt-api and virt-controller with
+kube-scheduler and a fake kubelet (§11.1); two fake GPU nodes and `cozygpu run --dev`
+(webhooks registered against the local API server). A tenant creates held devices and
+the binder places them. With KubeVirt: a VM naming two held devices and a template
+entry starts on one node, stops, and starts again on the same GPUs; a VM asking for a
+taken device shows the refusal on its status. Without KubeVirt the same story is told
+with VMIs created directly, and the demo says so. Everything stops at the end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -16,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION, LABEL_DEVICE_REFERENCE
-from cozygpu.devcluster import identity, nodes
+from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
@@ -53,6 +57,23 @@ def vmi_body(name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def vm_body(name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
+    """A VM as a tenant writes it: KubeVirt copies the template's label and annotation onto each VMI."""
+    template = vmi_body(name, refs)
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachine",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "runStrategy": "Always",
+            "template": {
+                "metadata": {k: template["metadata"][k] for k in ("labels", "annotations")},
+                "spec": {**template["spec"], "terminationGracePeriodSeconds": 0},
+            },
+        },
+    }
+
+
 def show_devices(kube: Kube) -> None:
     print(f"{'DEVICE':<16}{'COUNT':<7}{'PHASE':<9}{'NODE':<8}MESSAGE")
     for d in sorted(kube.list(kinds.GPU_DEVICE, NS), key=lambda d: d["metadata"]["name"]):
@@ -65,16 +86,98 @@ def bound(kube: Kube, name: str) -> bool:
     return kube.get(kinds.GPU_DEVICE, name, NS).get("status", {}).get("phase") == "Bound"
 
 
+def refused(e: ApiError) -> str:
+    return e.message.split("denied the request: ")[-1]
+
+
+def running_on(kube: Kube, name: str) -> str | None:
+    """The node of the VM's running VMI, once its launcher pod runs there."""
+    vmi = kube.get_or_none(kinds.VMI, name, NS)
+    if vmi is None or vmi.get("status", {}).get("phase") != "Running":
+        return None
+    node: str | None = vmi["status"].get("nodeName")
+    return node
+
+
+def vm_story(kube: Kube) -> None:
+    """The tenant's view through KubeVirt: VMs start, stop and start again on the same GPUs."""
+    refs = [{"device": "train-a"}, {"device": "train-b"}, {"deviceTemplate": {"className": "a10", "count": 1}}]
+    say("a VM names train-a, train-b and a template GPU; virt-controller makes its VMI through our webhook")
+    kube.create(kinds.VM, vm_body("trainer", refs))
+    node = wait_for("trainer running", lambda: running_on(kube, "trainer"), timeout=60)
+    vmi = kube.get(kinds.VMI, "trainer", NS)
+    print("gpus:", ", ".join(f"{g['name']}={g['deviceName']}" for g in vmi["spec"]["domain"]["devices"]["gpus"]))
+    pods = kube.list(kinds.POD, NS, label_selector=f"kubevirt.io/created-by={vmi['metadata']['uid']}")
+    print(f"VM trainer runs on {node}; its launcher pod {pods[0]['metadata']['name']} was bound there by "
+          f"kube-scheduler, pinned by the operator's pod webhook")  # fmt: skip
+    show_devices(kube)
+
+    say("the tenant stops the VM: the template GPU goes, train-a and train-b stay held on their node")
+    kube.patch(kinds.VM, "trainer", {"spec": {"runStrategy": "Halted"}}, NS)
+    wait_for("trainer stopped", lambda: kube.get_or_none(kinds.VMI, "trainer", NS) is None, timeout=60)
+    wait_for("template device gone", lambda: kube.get_or_none(kinds.GPU_DEVICE, "trainer-gpu-2", NS) is None)
+    show_devices(kube)
+
+    say("and starts it again: the same GPUs, on the same node")
+    kube.patch(kinds.VM, "trainer", {"spec": {"runStrategy": "Always"}}, NS)
+    again = wait_for("trainer running again", lambda: running_on(kube, "trainer"), timeout=60)
+    print(f"VM trainer runs on {again} again")
+
+    say("another VM asks for train-a, which trainer holds: KubeVirt shows the refusal on the VM")
+    kube.create(kinds.VM, vm_body("intruder", [{"device": "train-a"}]))
+
+    def failure() -> str | None:
+        conditions = kube.get(kinds.VM, "intruder", NS).get("status", {}).get("conditions") or []
+        return next((c["message"] for c in conditions if c["type"] == "Failure"), None)
+
+    print("VM intruder, condition Failure:", wait_for("intruder refused", failure).split("denied the request: ")[-1])
+
+
+def vmi_story(kube: Kube) -> None:
+    """The same story with VMIs created directly, where KubeVirt's controllers are not available."""
+    say("a VMI names train-a, train-b and a template GPU: the set is gathered on one node")
+    refs = [{"device": "train-a"}, {"device": "train-b"}, {"deviceTemplate": {"className": "a10", "count": 1}}]
+    vmi = kube.create(kinds.VMI, vmi_body("trainer", refs))
+    pin = vmi["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    print("gpus:", ", ".join(f"{g['name']}={g['deviceName']}" for g in vmi["spec"]["domain"]["devices"]["gpus"]))
+    print("pinned to:", pin["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
+    show_devices(kube)
+
+    say("another VMI asks for train-a, which trainer holds: refused, with the reason")
+    try:
+        kube.create(kinds.VMI, vmi_body("intruder", [{"device": "train-a"}]))
+    except ApiError as e:
+        print(f"refused: {refused(e)}")
+
+
+def control_plane() -> ControlPlane:
+    """Started, with KubeVirt in the loop where it can be had; without, saying why."""
+    plane = ControlPlane(kubevirt=True)
+    try:
+        plane.start(timeout=180)
+        return plane
+    except binaries.KubeVirtUnavailable as e:
+        print(f"{e}\nthe demo goes on with VMIs created directly, without KubeVirt's controllers", flush=True)
+    plane = ControlPlane()
+    plane.start()
+    return plane
+
+
 def main() -> int:
-    say("starting etcd and kube-apiserver on loopback")
-    with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
+    say("starting etcd and kube-apiserver on loopback (and KubeVirt's controllers, where they can be had)")
+    plane = control_plane()
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        stack.callback(plane.stop)
         kubeconfig = plane.write_kubeconfig(Path(".dev/demo-kubeconfig").resolve())
         kube = plane.kube()
+        with_kubevirt = plane.kubevirt is not None
         print(f"API server {plane.server}; kubeconfig {kubeconfig}")
+        print("KubeVirt in the loop: virt-api, virt-controller, kube-scheduler, a fake kubelet" if with_kubevirt
+              else "KubeVirt's controllers are not running: VMIs are created directly")  # fmt: skip
 
         say("two fake GPU nodes with GPUs in status.allocatable, and a GPUClass")
         for name, count in (("gpu-a", 2), ("gpu-b", 6)):
-            nodes.create_gpu_node(kube, name, {A10: count}, labels={"gpu": "a10"})
+            nodes.create_gpu_node(kube, name, {A10: count}, labels={"gpu": "a10"}, kubevirt=with_kubevirt)
             print(f"node {name}: {count} x {A10}")
         kube.create(
             kinds.GPU_CLASS,
@@ -103,23 +206,12 @@ def main() -> int:
             try:
                 kube.create(kinds.GPU_DEVICE, device("enormous", 9))
             except ApiError as e:
-                print(f"refused: {e.message.split('denied the request: ')[-1]}")
+                print(f"refused: {refused(e)}")
 
-            say("a VMI names train-a, train-b and a template GPU: the set is gathered on one node")
-            refs = [{"device": "train-a"}, {"device": "train-b"}, {"deviceTemplate": {"className": "a10", "count": 1}}]
-            vmi = kube.create(kinds.VMI, vmi_body("trainer", refs))
-            pin = vmi["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-            print(
-                "gpus:", ", ".join(f"{g['name']}={g['deviceName']}" for g in vmi["spec"]["domain"]["devices"]["gpus"])
-            )
-            print("pinned to:", pin["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
-            show_devices(kube)
-
-            say("another VMI asks for train-a, which trainer holds: refused, with the reason")
-            try:
-                kube.create(kinds.VMI, vmi_body("intruder", [{"device": "train-a"}]))
-            except ApiError as e:
-                print(f"refused: {e.message.split('denied the request: ')[-1]}")
+            if with_kubevirt:
+                vm_story(kube)
+            else:
+                vmi_story(kube)
 
             say("GPUNodes: what each node holds")
             wait_for("accounting", lambda: len(kube.list(kinds.GPU_NODE)) == 2)
