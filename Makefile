@@ -57,8 +57,9 @@ demo: venv kubevirt
 	$(BIN)/python hack/demo.py
 
 # The control plane alone, in the foreground, for trying things by hand.
+DEV_CLUSTER_FLAGS ?=
 dev-cluster: venv control-plane
-	$(BIN)/cozygpu dev-cluster --kubeconfig .dev/kubeconfig
+	$(BIN)/cozygpu dev-cluster --kubeconfig .dev/kubeconfig $(DEV_CLUSTER_FLAGS)
 
 # Figures for the decision paths (prints, asserts nothing).
 bench: venv
