@@ -40,6 +40,12 @@ class Settings(BaseModel):
     lease_name: str = Field(default="cozy-gpu-operator", min_length=1)
     lease_namespace: str = Field(default="", description="Unset: the service account's or kubeconfig's namespace.")
     lease_duration: float = Field(default=15.0, ge=3, le=300, description="A leader's term, seconds.")
+    api_concurrency: int = Field(
+        default=32,
+        ge=1,
+        le=256,
+        description="API calls in flight at once (binder writes, admissions, collector); as many connections kept.",
+    )
     kubevirt_controller_user: str = Field(
         default="system:serviceaccount:kubevirt:kubevirt-controller",
         min_length=1,

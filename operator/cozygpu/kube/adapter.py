@@ -8,6 +8,8 @@ out as `ApiError` subclasses that say which object and why.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import json
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 import pykube
+import pykube.http
 import requests
 
 from cozygpu.kube import kinds as known
@@ -83,6 +86,13 @@ def _describe(kind: Kind, name: str | None, namespace: str | None) -> str:
     return f"{kind.kind} {where}{name}" if name else f"{kind.kind}s"
 
 
+def _client(config: pykube.KubeConfig, timeout: float, connections: int) -> pykube.HTTPClient:
+    """pykube's client keeping up to `connections` connections open: one per concurrent caller, reused
+    (requests' default of 10 would open and close a TLS connection for every call past the tenth)."""
+    adapter = pykube.http.KubernetesHTTPAdapter(config, pool_connections=1, pool_maxsize=connections)
+    return pykube.HTTPClient(config, timeout=timeout, http_adapter=adapter)
+
+
 class Kube:
     """Synchronous API access through pykube's authenticated HTTP client."""
 
@@ -90,12 +100,12 @@ class Kube:
         self._api = api
 
     @classmethod
-    def from_kubeconfig(cls, path: str | Path, timeout: float = 30.0) -> Kube:
-        return cls(pykube.HTTPClient(pykube.KubeConfig.from_file(str(path)), timeout=timeout))
+    def from_kubeconfig(cls, path: str | Path, timeout: float = 30.0, connections: int = 10) -> Kube:
+        return cls(_client(pykube.KubeConfig.from_file(str(path)), timeout, connections))
 
     @classmethod
-    def in_cluster(cls, timeout: float = 30.0) -> Kube:
-        return cls(pykube.HTTPClient(pykube.KubeConfig.from_service_account(), timeout=timeout))
+    def in_cluster(cls, timeout: float = 30.0, connections: int = 10) -> Kube:
+        return cls(_client(pykube.KubeConfig.from_service_account(), timeout, connections))
 
     def impersonating(self, user: str, extra: Mapping[str, str] | None = None) -> Kube:
         """A client with the same credentials acting as `user`, with extra user info (RBAC's `impersonate`).
@@ -260,14 +270,22 @@ class Kube:
 
 
 class AsyncKube:
-    """The same calls as `Kube`, each run in a worker thread."""
+    """The same calls as `Kube`, each run in a worker thread of its own pool.
 
-    def __init__(self, kube: Kube) -> None:
+    The pool bounds how many API calls are in flight at once (asyncio's default executor would
+    allow min(32, cores + 4)); the client keeps as many connections open, so each call reuses one."""
+
+    def __init__(self, kube: Kube, workers: int = 8) -> None:
         self.sync = kube
+        self.workers = workers
+        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="kube")
 
-    @staticmethod
-    async def _run(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-        return await asyncio.to_thread(fn, *args, **kwargs)
+    async def _run(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+        call = functools.partial(fn, *args, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def get(self, kind: Kind, name: str, namespace: str | None = None) -> Body:
         return await self._run(self.sync.get, kind, name, namespace)

@@ -56,8 +56,13 @@ def _free_port(host: str) -> int:
 class Operator:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        sync = Kube.from_kubeconfig(settings.kubeconfig) if settings.kubeconfig else Kube.in_cluster()
-        self.kube = AsyncKube(sync)
+        connections = settings.api_concurrency
+        sync = (
+            Kube.from_kubeconfig(settings.kubeconfig, connections=connections)
+            if settings.kubeconfig
+            else Kube.in_cluster(connections=connections)
+        )
+        self.kube = AsyncKube(sync, workers=connections)
         self.cluster = Cluster()
         self.metrics = Metrics(self.cluster)
         self.waiters = Waiters()
@@ -131,6 +136,7 @@ class Operator:
                     c.upsert_device(body)
                     self.reservations.seen(namespace, name)
                     self.collector.touch_device(namespace, name)
+                    self.binder.touch(namespace, name)
             case "GPUClass":
                 c.remove_class(name, rv) if deleted else c.upsert_class(body)
                 self.collector.touch_class(name)
@@ -354,6 +360,7 @@ class Operator:
                     log.warning("webhooks.unregister_failed", error=e.message)
             log.info("webhooks.unregistered")
         await self.health.stop()
+        self.kube.close()
         log.info("operator.stopped")
 
     def login(self, kopf_kwargs: dict[str, Any]) -> kopf.ConnectionInfo:

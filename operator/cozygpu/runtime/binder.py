@@ -60,22 +60,33 @@ class Binder:
         self._wake = asyncio.Event()
         # Capacity generation at a device's last failed placement: retry only when it moves.
         self._tried_at: dict[DeviceKey, int] = {}
+        # Devices with events since the last pass, and the generation of the last full pass.
+        self._fresh: set[DeviceKey] = set()
+        self._passed_at = -1
+        # Writes in flight, bounded so decisions never run far ahead of the API.
+        self._in_flight = asyncio.Semaphore(max(1, kube.workers - 2))
+        self._writes: set[asyncio.Task[None]] = set()
 
     def poke(self) -> None:
         self._wake.set()
 
     async def run(self) -> None:
-        """Decide until cancelled; called once the cluster view has synced."""
-        while True:
-            self._wake.clear()
-            try:
-                waiting = await self.step()
-            except Exception:
-                log.exception("binder.step_failed")
-                waiting = True
-            timeout = 0.5 if waiting else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+        """Decide until cancelled; called once the cluster view has synced. Cancelling it cancels
+        the writes in flight too: a replica that lost the Lease must stop writing at once (§10)."""
+        try:
+            while True:
+                self._wake.clear()
+                try:
+                    waiting = await self.step()
+                except Exception:
+                    log.exception("binder.step_failed")
+                    waiting = True
+                timeout = 0.5 if waiting else None
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+        finally:
+            for task in list(self._writes):
+                task.cancel()
 
     async def step(self) -> bool:
         """One pass over everything undecided; True when a request is still being written."""
@@ -170,53 +181,75 @@ class Binder:
         # §2: a Lost device still attached waits until its VMI is gone.
         return not (device.status.phase is Phase.LOST and device.status.attached_to is not None)
 
+    def touch(self, namespace: str, name: str) -> None:
+        """A device event: it may be new in the waiting room (decided on the next pass without a full one)."""
+        self._fresh.add((namespace, name))
+        self._wake.set()
+
     async def _place_waiting(self) -> None:
-        """First come first served by creation time, whenever capacity may have changed.
+        """§5.5 first come first served, with the writes pipelined (§13.1).
 
-        Writes yield to the event loop and capacity can change meanwhile; the pass then
-        starts again from the oldest device, so a newer one never takes room first."""
-        while await self._place_pass():
-            pass
-
-    async def _place_pass(self) -> bool:
-        """One pass in arrival order; True when capacity changed under it and it should run again."""
-        now = self._clock()
-        waiting = [d for d in self._cluster.unbound_devices() if self._placeable(d)]
-        waiting.sort(
-            key=lambda d: (
-                d.metadata.creation_timestamp or now,
-                self._cluster.arrival(d.namespace or "", d.name),
-                d.namespace or "",
-                d.name,
-            )
-        )
-        live = {_key(d) for d in waiting}
-        self._tried_at = {k: g for k, g in self._tried_at.items() if k in live}
+        While capacity has not grown, a device that found no room still finds none, so a pass
+        decides only devices that are new since the last one; when capacity grew, every waiting
+        device, oldest first. Each decision is counted in the view at once (assumed) and written
+        in the background, up to the API concurrency; a write that fails puts the device back
+        in the view as the API has it, and it is decided again."""
         generation = self._cluster.capacity_generation
+        if generation != self._passed_at:
+            self._passed_at = generation
+            self._fresh.clear()
+            candidates = self._cluster.unbound_devices()
+            live = {_key(d) for d in candidates}
+            self._tried_at = {k: g for k, g in self._tried_at.items() if k in live}
+        else:
+            fresh, self._fresh = self._fresh, set()
+            candidates = [d for k in fresh if (d := self._cluster.device(*k)) is not None and not d.holds_gpus]
+        now = self._clock()
+        waiting = [d for d in candidates if self._placeable(d)]
+        waiting.sort(key=lambda d: (d.metadata.creation_timestamp or now, self._cluster.arrival(*_key(d)), *_key(d)))
         for device in waiting:
-            if self._cluster.capacity_generation != generation:
-                return True
-            key = _key(device)
-            if device.status.phase is not None and self._tried_at.get(key) == generation:
-                continue
-            current = self._cluster.device(*key)
-            if current is None or not self._placeable(current):
-                continue
-            outcome = place(self._cluster, [current])
-            if isinstance(outcome, Placement):
-                if await self._write(transitions.bound(current, outcome.node, self._clock())):
-                    self._tried_at.pop(key, None)
-                    self._post(current, "Bound", f"bound on node {outcome.node}")
-                    log.info("device.bound", namespace=key[0], device=key[1], node=outcome.node,
-                             phase_was=str(current.status.phase))  # fmt: skip
-                continue
-            new = transitions.waiting(current, outcome.message, self._clock())
-            if new != current and not await self._write(new):
-                continue
-            self._tried_at[key] = generation
-            if current.status.phase is None or current.status.message != new.status.message:
-                log.info("device.waiting", namespace=key[0], device=key[1], message=new.status.message)
-        return False
+            await self._decide(device, generation)
+
+    async def _decide(self, device: GPUDevice, generation: int) -> None:
+        key = _key(device)
+        current = self._cluster.device(*key)
+        if current is None or self._cluster.assumed(*key) or not self._placeable(current):
+            return
+        if current.status.phase is not None and self._tried_at.get(key) == generation:
+            return
+        outcome = place(self._cluster, [current])
+        if isinstance(outcome, Placement):
+            self._tried_at.pop(key, None)
+            await self._in_flight.acquire()
+            bound = transitions.bound(current, outcome.node, self._clock())
+            self._cluster.assume_device(bound)
+            task = asyncio.create_task(self._bind(current, bound, outcome.node))
+            self._writes.add(task)
+            task.add_done_callback(self._writes.discard)
+            return
+        new = transitions.waiting(current, outcome.message, self._clock())
+        if new != current and not await self._write(new):
+            return
+        self._tried_at[key] = generation
+        if current.status.phase is None or current.status.message != new.status.message:
+            log.info("device.waiting", namespace=key[0], device=key[1], message=new.status.message)
+
+    async def _bind(self, before: GPUDevice, bound: GPUDevice, node: str) -> None:
+        """The write of one assumed decision; its slot is given back when it is done."""
+        try:
+            if await self._write(bound, assumed=True):
+                self._post(bound, "Bound", f"bound on node {node}")
+                log.info("device.bound", namespace=bound.namespace, device=bound.name, node=node,
+                         phase_was=str(before.status.phase))  # fmt: skip
+            else:
+                self.touch(*_key(bound))
+        finally:
+            self._in_flight.release()
+
+    async def drain(self) -> None:
+        """Wait until every write in flight is done (tests, shutdown)."""
+        while self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
 
     # -- writes ----------------------------------------------------------------
 
@@ -224,23 +257,34 @@ class Binder:
         if self._events is not None:
             self._events.post(device, reason, message)
 
-    async def _write(self, device: GPUDevice) -> bool:
-        """Replace the device's status under its resourceVersion; False when someone wrote first."""
+    async def _write(self, device: GPUDevice, *, assumed: bool = False) -> bool:
+        """Replace the device's status under its resourceVersion; False when someone wrote first.
+
+        `assumed`: the view already counts this write (`Cluster.assume_device`); whatever the
+        outcome, the API's answer or a fresh read replaces the assumption."""
         namespace = device.namespace or ""
         try:
             body = await self._kube.replace_status(kinds.GPU_DEVICE, device.wire())
-        except Conflict:
-            fresh = await self._kube.get_or_none(kinds.GPU_DEVICE, device.name, namespace)
-            if fresh is None:
-                self._cluster.remove_device(namespace, device.name)
-            else:
-                self._cluster.upsert_device(fresh)
-            self._on_write()
+        except (Conflict, NotFound):
+            await self._refresh(namespace, device.name, assumed)
             return False
-        except NotFound:
-            self._cluster.remove_device(namespace, device.name)
-            self._on_write()
-            return False
+        except BaseException:
+            if assumed:  # an unknown outcome: what the API has now is the truth
+                with contextlib.suppress(Exception):
+                    await self._refresh(namespace, device.name, assumed)
+            raise
+        if assumed:
+            self._cluster.settle_device(namespace, device.name)
         self._cluster.upsert_device(body)
         self._on_write()
         return True
+
+    async def _refresh(self, namespace: str, name: str, assumed: bool) -> None:
+        if assumed:
+            self._cluster.settle_device(namespace, name)
+        fresh = await self._kube.get_or_none(kinds.GPU_DEVICE, name, namespace)
+        if fresh is None:
+            self._cluster.remove_device(namespace, name)
+        else:
+            self._cluster.upsert_device(fresh)
+        self._on_write()

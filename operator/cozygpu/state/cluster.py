@@ -9,6 +9,7 @@ write's response that lands after the object's removal (`tombstones`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -62,6 +63,8 @@ class Cluster:
         self._raw_versions: dict[str, dict[Any, int]] = {"VirtualMachineInstance": {}, "Namespace": {}, "KubeVirt": {}}
         self._vmi_uids: set[str] = set()
         self._unbound: set[DeviceKey] = set()
+        # Decisions whose writes are in flight, with the resourceVersion each was decided on.
+        self._assumed: dict[DeviceKey, int] = {}
         # Order of first sight: creation timestamps have one-second precision, so devices
         # created within a second are told apart by when the watch delivered them.
         self._arrival: dict[DeviceKey, int] = {}
@@ -87,6 +90,26 @@ class Cluster:
         old = self.devices.get(key)
         if old is not None and not _newer(old.metadata.resource_version, device.metadata.resource_version):
             return old
+        assumed = self._assumed.get(key)
+        if assumed is not None and version(device.metadata.resource_version) <= assumed:
+            return old  # the version a decision in flight was made on: the decision stands
+        return self._store(key, old, device)
+
+    def assume_device(self, device: GPUDevice) -> None:
+        """Count a decision whose write is in flight (§13.1): stored now, and no event of the version it
+        was decided on (a resync's list, a late echo) can undo it until `settle_device`."""
+        key = (device.namespace or "", device.name)
+        self._assumed[key] = version(device.metadata.resource_version)
+        self._store(key, self.devices.get(key), device)
+
+    def settle_device(self, namespace: str, name: str) -> None:
+        """The write is done (or failed): the API's answer, or a fresh read, is what counts from now on."""
+        self._assumed.pop((namespace, name), None)
+
+    def assumed(self, namespace: str, name: str) -> bool:
+        return (namespace, name) in self._assumed
+
+    def _store(self, key: DeviceKey, old: GPUDevice | None, device: GPUDevice) -> GPUDevice:
         if old is not None:
             self._unindex(key, old)
             if old.holds_gpus and not (device.holds_gpus and device.status.node_name == old.status.node_name):
@@ -105,6 +128,7 @@ class Cluster:
         old = self.devices.pop(key, None)
         self._bury("GPUDevice", key, resource_version, old.metadata.resource_version if old else None)
         self._arrival.pop(key, None)
+        self._assumed.pop(key, None)
         if old is not None:
             self._unindex(key, old)
             self._touch(old, None)
@@ -292,8 +316,10 @@ class Cluster:
         self.nodes[node.name] = node
         for resource in node.allocatable:
             self._nodes_by_resource[resource].add(node.name)
-        self.capacity_generation += 1
-        self.dirty_nodes.add(node.name)
+        # A status heartbeat or a resync's list changes nothing a decision reads: no retry for it.
+        if old is None or dataclasses.replace(old, resource_version=node.resource_version) != node:
+            self.capacity_generation += 1
+            self.dirty_nodes.add(node.name)
         return node
 
     def _unindex_node(self, node: NodeInfo | None) -> None:

@@ -1,0 +1,111 @@
+"""Decisions counted before their writes return (§13.1): assumed in the view, settled by the API's answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cozygpu.api import GPUDevice
+from cozygpu.decisions import transitions
+from cozygpu.decisions.placement import Placement, place
+from tests.builders import A10, EPOCH, cluster, device, gpu_class, node
+
+
+def with_version(body: dict[str, Any], rv: int) -> dict[str, Any]:
+    return {**body, "metadata": {**body["metadata"], "resourceVersion": str(rv)}}
+
+
+def test_an_assumed_decision_outlives_events_of_the_version_it_was_made_on() -> None:
+    """A resync's list or a late echo still carrying the old version cannot undo a decision in flight:
+    its units stay spent; the API's answer (a newer version) replaces it."""
+    c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
+    pending = c.device("t1", "a")
+    assert pending is not None
+    c.assume_device(transitions.bound(pending, "n1", EPOCH))
+    c.upsert_device(with_version(device("a"), 5))
+    assert c.held_by_class("n1") == {"a10": 1}
+    assert c.assumed("t1", "a")
+    c.settle_device("t1", "a")
+    c.upsert_device(with_version(device("a", phase="Bound", node_name="n1"), 6))
+    stored = c.device("t1", "a")
+    assert stored is not None and stored.metadata.resource_version == "6" and not c.assumed("t1", "a")
+
+
+def test_a_failed_write_gives_the_units_back_once_the_fresh_version_is_in() -> None:
+    """Settled after a conflict, the fresh read (someone else's newer version) is what the view holds."""
+    c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
+    pending = c.device("t1", "a")
+    assert pending is not None
+    generation = c.capacity_generation
+    c.assume_device(transitions.bound(pending, "n1", EPOCH))
+    c.settle_device("t1", "a")
+    c.upsert_device(with_version(device("a", phase="Pending"), 7))
+    assert c.held_by_class("n1") == {}
+    assert c.capacity_generation > generation  # waiting devices are looked at again
+
+
+def test_a_node_heartbeat_is_no_capacity_change() -> None:
+    """The same node at a newer version, nothing a decision reads changed: no retry of waiting devices.
+    A change of allocatable, labels, taints, readiness or schedulability is one."""
+    c = cluster(nodes=[with_version(node("n1", {A10: 2}), 1)])
+    generation = c.capacity_generation
+    c.upsert_node(with_version(node("n1", {A10: 2}), 2))
+    assert c.capacity_generation == generation
+    c.upsert_node(with_version(node("n1", {A10: 3}), 3))
+    assert c.capacity_generation == generation + 1
+    c.upsert_node(with_version(node("n1", {A10: 3}, unschedulable=True), 4))
+    assert c.capacity_generation == generation + 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 3), min_size=1, max_size=12),
+    st.lists(st.sampled_from(["ok", "conflict", "echo", "list"]), min_size=12, max_size=12),
+    st.randoms(use_true_random=False),
+)
+def test_pipelined_decisions_never_spend_a_unit_twice(counts: list[int], outcomes: list[str], rnd: Any) -> None:
+    """Decide every waiting device in memory (assumed), then let the writes land in any order: succeeded,
+    lost to a conflict, or overtaken by events of the old version. At every step no node holds more than
+    it has, and the held counters equal a recount from the devices."""
+    c = cluster(nodes=[node("n1", {A10: 4}), node("n2", {A10: 3})], classes=[gpu_class("a10")],
+                devices=[with_version(device(f"d{i}", count=n), 10 + i) for i, n in enumerate(counts)])  # fmt: skip
+    inflight: list[tuple[GPUDevice, str]] = []
+    for i in range(len(counts)):
+        current = c.device("t1", f"d{i}")
+        assert current is not None
+        outcome = place(c, [current])
+        if isinstance(outcome, Placement):
+            decided = transitions.bound(current, outcome.node, EPOCH)
+            c.assume_device(decided)
+            inflight.append((decided, outcomes[i]))
+        check(c)
+    rnd.shuffle(inflight)
+    for decided, how in inflight:
+        name, rv = decided.name, int(decided.metadata.resource_version or 0)
+        if how in ("echo", "list"):
+            c.upsert_device(with_version(device(name, count=decided.spec.count), rv))  # the old version again
+            check(c)
+            # A device arriving now is decided on what the view says is free.
+            late = GPUDevice.from_wire(with_version(device(f"late-{name}"), 1))
+            c.upsert_device(late)
+            if isinstance(outcome := place(c, [late]), Placement):
+                c.assume_device(transitions.bound(late, outcome.node, EPOCH))
+            check(c)
+        c.settle_device("t1", name)
+        if how == "conflict":
+            c.upsert_device(with_version(device(name, count=decided.spec.count, phase="Pending"), rv + 100))
+        else:
+            c.upsert_device(with_version(decided.wire(), rv + 100))
+        check(c)
+
+
+def check(c: Any) -> None:
+    recount: dict[str, int] = {}
+    for d in c.devices.values():
+        if d.holds_gpus:
+            recount[d.status.node_name] = recount.get(d.status.node_name, 0) + d.spec.count
+    for name, n in c.nodes.items():
+        assert recount.get(name, 0) <= n.units(A10), f"{name} overcommitted"
+        assert sum(c.held_by_class(name).values()) == recount.get(name, 0)
