@@ -90,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
         "lease_namespace": args.lease_namespace,
         "lease_duration": args.lease_duration,
         "kubevirt_controller_user": args.kubevirt_controller_user,
+        "api_concurrency": args.api_concurrency,
         "log_format": args.log_format,
         "log_level": args.log_level,
     }
@@ -131,6 +132,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--lease-name", help="the Lease replicas compete for (default cozy-gpu-operator)")
     run.add_argument("--lease-namespace", help="its namespace (default: the service account's or kubeconfig's)")
     run.add_argument("--lease-duration", type=float, help="a leader's term in seconds (default 15)")
+    run.add_argument(
+        "--api-concurrency", type=int, help="API calls in flight at once, and connections kept open (default 32)"
+    )
     run.add_argument(
         "--kubevirt-controller-user",
         help="KubeVirt's controller identity, the only creator of launcher pods with GPUs "
