@@ -16,7 +16,7 @@ import pytest
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
-from cozygpu.kube.adapter import ApiError, Kube
+from cozygpu.kube.adapter import ApiError, Body, Kube
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_device_body, leftovers, vmi_body
 
@@ -67,12 +67,20 @@ def operator_unable_to_get(plane: ControlPlane, directory: Path, unreadable: str
         kube.delete(kinds.kind("ClusterRole"), ROLE)
 
 
+def accounted(kube: Kube, node: Body) -> None:
+    """This operator is not one the node helpers know of: wait until its view has the node (its GPUNode)."""
+    name = node["metadata"]["name"]
+    wait_for(
+        f"GPUNode {name}", lambda: (kube.get_or_none(kinds.GPU_NODE, name) or {}).get("status", {}).get("resources")
+    )
+
+
 def test_an_api_failure_is_an_error_and_the_vmi_is_not_created(
     control_plane: ControlPlane, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
 ) -> None:
     """The fresh read of §3.3 is forbidden: the answer is 500 with our message, no VMI is stored, we log it."""
     with operator_unable_to_get(control_plane, tmp_path, "gpudevices") as blind:
-        gpu_node({gpu.resource: 1}, name=f"blind-{gpu.cls}")
+        accounted(kube, gpu_node({gpu.resource: 1}, name=f"blind-{gpu.cls}"))
         kube.create(kinds.GPU_DEVICE, gpu_device_body("h", namespace, gpu.cls))
         with pytest.raises(ApiError) as raised:
             kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h"}]))
@@ -90,7 +98,7 @@ def test_an_api_failure_in_the_middle_of_a_bind_undoes_the_calls_writes(
 ) -> None:
     """The template device this call created is deleted, the running VMI's attachment untouched; the answer is 500."""
     with operator_unable_to_get(control_plane, tmp_path, "virtualmachineinstances"):
-        gpu_node({gpu.resource: 2}, name=f"half-{gpu.cls}")
+        accounted(kube, gpu_node({gpu.resource: 2}, name=f"half-{gpu.cls}"))
         kube.create(kinds.GPU_DEVICE, gpu_device_body("h", namespace, gpu.cls))
         wait_for("h bound", lambda: kube.get(kinds.GPU_DEVICE, "h", namespace).get("status", {}).get("phase"))
         running = kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h"}]))["metadata"]["uid"]

@@ -208,6 +208,10 @@ class Binder:
         waiting = [d for d in candidates if self._placeable(d)]
         waiting.sort(key=lambda d: (d.metadata.creation_timestamp or now, self._cluster.arrival(*_key(d)), *_key(d)))
         for device in waiting:
+            if self._cluster.capacity_generation != generation:
+                # Room appeared while a write yielded: oldest first again, or a newer device takes it.
+                self._wake.set()
+                return
             await self._decide(device, generation)
 
     async def _decide(self, device: GPUDevice, generation: int) -> None:
