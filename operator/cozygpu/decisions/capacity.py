@@ -53,17 +53,12 @@ def resource_of(cluster: Cluster, device: GPUDevice) -> str | None:
 
 def held(cluster: Cluster, node: str) -> dict[str, int]:
     """Units held on the node per resource: the counts of its Bound devices (every namespace)."""
-    out: dict[str, int] = defaultdict(int)
-    for class_name, units in cluster.held_by_class(node).items():
-        cls = cluster.classes.get(class_name)
-        if cls is not None:
-            out[cls.spec.resource_name] += units
-    return dict(out)
+    return cluster.held_units(node)
 
 
 def free(node: NodeInfo, held_units: dict[str, int], resource: str) -> int:
-    """Allocatable minus held, never below zero: a node that lost capacity takes nothing new."""
-    return max(0, node.units(resource) - held_units.get(resource, 0))
+    """Allocatable minus held, never below zero (`NodeInfo.free`)."""
+    return node.free(resource, held_units.get(resource, 0))
 
 
 @dataclass(frozen=True)

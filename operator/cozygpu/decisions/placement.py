@@ -77,14 +77,41 @@ def _headline(devices: Sequence[GPUDevice], classes: dict[str, GPUClass]) -> str
     return "no node can take the whole set on its own: " + " and ".join(parts)
 
 
-def place(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlacement:
-    """§5.2-5.3: the node needing the fewest moves, then the fullest after placing, then by name."""
+def _classes(cluster: Cluster, devices: Sequence[GPUDevice]) -> dict[str, GPUClass] | NoPlacement:
     classes: dict[str, GPUClass] = {}
     for d in devices:
         cls = cluster.classes.get(d.spec.class_name)
         if cls is None:
             return NoPlacement(f"GPUDevice {d.name}: GPUClass {d.spec.class_name} does not exist")
         classes[cls.name] = cls
+    return classes
+
+
+def place(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlacement:
+    """§5.2-5.3: the node needing the fewest moves, then the fullest after placing, then by name.
+
+    A set of new devices of one resource (every waiting device, most admissions) needs the same
+    moves anywhere, so the best node is the first that can take it in the view's best-fit order:
+    O(log n) in nodes. Gathers, sets of several resources, and the reasons why nothing fits
+    come from looking at every node that has the resources (`place_scanning`)."""
+    classes = _classes(cluster, devices)
+    if isinstance(classes, NoPlacement):
+        return classes
+    resources = {c.spec.resource_name for c in classes.values()}
+    if len(resources) == 1 and not any(d.holds_gpus for d in devices):
+        units = sum(d.spec.count for d in devices)
+        for name in cluster.best_fit(next(iter(resources)), units):
+            outcome = _evaluate(cluster, cluster.nodes[name], devices, classes)
+            if not isinstance(outcome, str):
+                return Placement(node=name, moves=outcome[1])
+    return place_scanning(cluster, devices)
+
+
+def place_scanning(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlacement:
+    """`place` by looking at every node that has the set's resources; the reference for the fast path."""
+    classes = _classes(cluster, devices)
+    if isinstance(classes, NoPlacement):
+        return classes
     resources = {c.spec.resource_name for c in classes.values()}
     best: tuple[tuple[int, int, str], tuple[str, ...]] | None = None
     reasons: list[str] = []

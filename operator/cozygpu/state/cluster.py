@@ -9,6 +9,7 @@ write's response that lands after the object's removal (`tombstones`).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -63,6 +64,12 @@ class Cluster:
         self._raw_versions: dict[str, dict[Any, int]] = {"VirtualMachineInstance": {}, "Namespace": {}, "KubeVirt": {}}
         self._vmi_uids: set[str] = set()
         self._unbound: set[DeviceKey] = set()
+        # Units of Bound devices per node and resource, each device as it was counted, and every
+        # resource's nodes ordered by free units: best fit without scanning the nodes.
+        self._held_res: dict[str, dict[str, int]] = {}
+        self._counted: dict[DeviceKey, tuple[str, str, int]] = {}
+        self._by_free: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        self._free_at: dict[tuple[str, str], int] = {}
         # Decisions whose writes are in flight, with the resourceVersion each was decided on.
         self._assumed: dict[DeviceKey, int] = {}
         # Order of first sight: creation timestamps have one-second precision, so devices
@@ -147,6 +154,7 @@ class Cluster:
         if device.holds_gpus and device.status.node_name:
             units = self._held.setdefault(device.status.node_name, {})
             units[device.spec.class_name] = units.get(device.spec.class_name, 0) + device.spec.count
+            self._count(key, device)
         self._by_namespace[key[0]].add(key)
         self._by_class[device.spec.class_name].add(key)
         if device.status.attached_to is not None:
@@ -161,6 +169,7 @@ class Cluster:
 
     def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
         self._unbound.discard(key)
+        self._uncount(key)
         if device.holds_gpus and device.status.node_name:
             units = self._held[device.status.node_name]
             units[device.spec.class_name] -= device.spec.count
@@ -187,6 +196,66 @@ class Cluster:
 
     def arrival(self, namespace: str, name: str) -> int:
         return self._arrival.get((namespace, name), 0)
+
+    # -- free units per node and resource (§5.1), ordered for best fit (§5.3, §13.1) ---------
+
+    def _count(self, key: DeviceKey, device: GPUDevice) -> None:
+        """A Bound device's units against its node and its class's resource, as known now."""
+        cls = self.classes.get(device.spec.class_name)
+        node = device.status.node_name
+        if cls is None or node is None:
+            return  # counted once its class is known (`_recount_class`)
+        resource = cls.spec.resource_name
+        self._counted[key] = (node, resource, device.spec.count)
+        per_node = self._held_res.setdefault(node, {})
+        per_node[resource] = per_node.get(resource, 0) + device.spec.count
+        self._reorder(node, resource)
+
+    def _uncount(self, key: DeviceKey) -> None:
+        counted = self._counted.pop(key, None)
+        if counted is None:
+            return
+        node, resource, units = counted
+        per_node = self._held_res[node]
+        per_node[resource] -= units
+        if not per_node[resource]:
+            del per_node[resource]
+            if not per_node:
+                del self._held_res[node]
+        self._reorder(node, resource)
+
+    def _recount_class(self, class_name: str) -> None:
+        """A class appeared, went or changed its resource: its Bound devices are counted anew."""
+        for key in self._by_class.get(class_name, ()):
+            device = self.devices[key]
+            self._uncount(key)
+            if device.holds_gpus and device.status.node_name:
+                self._count(key, device)
+
+    def _reorder(self, node: str, resource: str) -> None:
+        """Put (free, node) where it belongs in the resource's order, or take it out."""
+        order = self._by_free[resource]
+        old = self._free_at.pop((resource, node), None)
+        if old is not None:
+            del order[bisect.bisect_left(order, (old, node))]
+        info = self.nodes.get(node)
+        if info is not None and resource in info.allocatable:
+            now = info.free(resource, self._held_res.get(node, {}).get(resource, 0))
+            bisect.insort(order, (now, node))
+            self._free_at[(resource, node)] = now
+        if not order:
+            del self._by_free[resource]
+
+    def held_units(self, node: str) -> dict[str, int]:
+        """Units held on the node per resource by Bound devices (of every namespace)."""
+        return dict(self._held_res.get(node, {}))
+
+    def best_fit(self, resource: str, units: int) -> Iterator[str]:
+        """Nodes with at least `units` free of the resource, fewest free first, then by name: where
+        bin-packing puts a new set of that one resource (§5.3), found in O(log n)."""
+        order = self._by_free.get(resource, [])
+        for index in range(bisect.bisect_left(order, (units, "")), len(order)):
+            yield order[index][1]
 
     def devices_on(self, node: str) -> Iterator[GPUDevice]:
         """Devices whose status names the node (Bound there or Lost from there)."""
@@ -282,12 +351,15 @@ class Cluster:
         old = self.classes.get(cls.name)
         if old is None or _newer(old.metadata.resource_version, cls.metadata.resource_version):
             self.classes[cls.name] = cls
+            if old is None or old.spec.resource_name != cls.spec.resource_name:
+                self._recount_class(cls.name)
             self.capacity_generation += 1
             self.dirty_nodes |= set(self.nodes)
 
     def remove_class(self, name: str, resource_version: str | None = None) -> None:
         old = self.classes.pop(name, None)
         self._bury("GPUClass", name, resource_version, old.metadata.resource_version if old else None)
+        self._recount_class(name)
         self.capacity_generation += 1
         self.dirty_nodes |= set(self.nodes)
 
@@ -316,6 +388,8 @@ class Cluster:
         self.nodes[node.name] = node
         for resource in node.allocatable:
             self._nodes_by_resource[resource].add(node.name)
+        for resource in set(node.allocatable) | set(old.allocatable if old else ()):
+            self._reorder(node.name, resource)
         # A status heartbeat or a resync's list changes nothing a decision reads: no retry for it.
         if old is None or dataclasses.replace(old, resource_version=node.resource_version) != node:
             self.capacity_generation += 1
@@ -335,6 +409,8 @@ class Cluster:
         old = self.nodes.pop(name, None)
         self._bury("Node", name, resource_version, old.resource_version if old else None)
         self._unindex_node(old)
+        for resource in old.allocatable if old else ():
+            self._reorder(name, resource)
         self.capacity_generation += 1
         self.dirty_nodes.add(name)
 

@@ -31,6 +31,10 @@ class NodeInfo:
         """§8.1: served units of a resource = allocatable while the node exists."""
         return self.allocatable.get(resource, 0)
 
+    def free(self, resource: str, held: int) -> int:
+        """§5.1: allocatable minus held, never below zero: a node that lost capacity takes nothing new."""
+        return max(0, self.units(resource) - held)
+
 
 def node_info(body: dict[str, Any]) -> NodeInfo:
     meta = body.get("metadata", {})
