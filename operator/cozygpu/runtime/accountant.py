@@ -30,6 +30,9 @@ def _comparable(node: GPUNode) -> dict[str, object]:
     return node.status.model_dump(mode="json", exclude_none=True)
 
 
+BATCH_WINDOW = 0.25
+
+
 class Accountant:
     def __init__(self, cluster: Cluster, kube: AsyncKube) -> None:
         self._cluster = cluster
@@ -59,6 +62,9 @@ class Accountant:
                 await asyncio.sleep(1.0)
                 continue
             await self._wake.wait()
+            # Status is informational: a short window lets a burst of binds on a node (or of devices
+            # of a class) become one write, and one recount, instead of one each.
+            await asyncio.sleep(BATCH_WINDOW)
 
     async def _sync_use(self, namespaces: set[str]) -> None:
         """Budgets covering the changed namespaces, and every class (few, and cheap to compare)."""

@@ -63,8 +63,9 @@ class Binder:
         # Devices with events since the last pass, and the generation of the last full pass.
         self._fresh: set[DeviceKey] = set()
         self._passed_at = -1
-        # Writes in flight, bounded so decisions never run far ahead of the API.
-        self._in_flight = asyncio.Semaphore(max(1, kube.workers - 2))
+        # Writes in flight, bounded so decisions never run far ahead of the API, and to half the
+        # client's pool: admissions, the accountant and the collector get the other half.
+        self._in_flight = asyncio.Semaphore(max(1, kube.workers // 2))
         self._writes: set[asyncio.Task[None]] = set()
 
     def poke(self) -> None:
