@@ -61,9 +61,19 @@ DEV_CLUSTER_FLAGS ?=
 dev-cluster: venv control-plane
 	$(BIN)/cozygpu dev-cluster --kubeconfig .dev/kubeconfig $(DEV_CLUSTER_FLAGS)
 
-# Figures for the decision paths (prints, asserts nothing).
+# Figures, each beside its peer (prints, asserts nothing; never part of make test): the decision
+# paths in memory, the binder against kube-scheduler, admission against its chain of writes.
+BENCH_SIZES ?= 1000:5000 5000:20000
 bench: venv
-	$(BIN)/python bench/placement.py
+	bash hack/build-control-plane.sh kube-scheduler >/dev/null
+	$(BIN)/python bench/placement.py --nodes 1000 --devices 5000
+	$(BIN)/python bench/placement.py --nodes 5000 --devices 20000
+	$(BIN)/python bench/placement.py --nodes 20000 --devices 50000 --rounds 50
+	for size in $(BENCH_SIZES); do \
+	  KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh kube-scheduler | tail -n 1)" \
+	    $(BIN)/python bench/binder.py --nodes $${size%%:*} --devices $${size##*:} || exit 1; done
+	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/admission.py
+	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/scale.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .dev

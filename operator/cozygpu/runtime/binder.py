@@ -117,19 +117,36 @@ class Binder:
         return self._clock()
 
     async def _answer(self, answer: Answer) -> None:
-        started = time.monotonic()
+        """Count the answer in the view at once and write it to every device of the set concurrently,
+        in the background: the next request is decided meanwhile, on a view that already has this one."""
         now = self._clock()
-        outcome = answer.outcome
-        request = answer.request
+        outcome, request = answer.outcome, answer.request
+        news = [
+            transitions.bound(d, outcome.node, now, request.id)
+            if isinstance(outcome, Placement)
+            else transitions.refused(d, request.id, outcome.message)
+            for d in answer.devices
+        ]
+        await self._in_flight.acquire()
+        for new in news:
+            self._cluster.assume_device(new)
+        task = asyncio.create_task(self._write_answer(answer, news, time.monotonic()))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def _write_answer(self, answer: Answer, news: list[GPUDevice], started: float) -> None:
+        outcome, request = answer.outcome, answer.request
+        try:
+            written = await asyncio.gather(*(self._write(new, assumed=True) for new in news))
+        finally:
+            self._in_flight.release()
+        if not all(written):
+            # Someone wrote first; the view holds their version and the next pass decides again.
+            lost = [d.name for d, ok in zip(answer.devices, written, strict=True) if not ok]
+            log.info("bind.retry", request_id=request.id, namespace=answer.namespace, devices=lost)
+            self.poke()
+            return
         for device in answer.devices:
-            if isinstance(outcome, Placement):
-                new = transitions.bound(device, outcome.node, now, request.id)
-            else:
-                new = transitions.refused(device, request.id, outcome.message)
-            if not await self._write(new):
-                # Someone wrote first; the view now holds their version and the next pass decides again.
-                log.info("bind.retry", request_id=request.id, namespace=answer.namespace, device=device.name)
-                return
             if isinstance(outcome, NoPlacement):
                 self._post(device, "Failed", f"VMI {request.vmi}: {outcome.message}")
             elif device.holds_gpus and device.status.node_name != outcome.node:

@@ -12,9 +12,9 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -34,6 +34,7 @@ from cozygpu.state.cluster import Cluster
 log = structlog.get_logger("cozygpu.webhook")
 
 CONFLICT_RETRIES = 5
+T = TypeVar("T")
 
 
 class Refusal(Exception):
@@ -172,8 +173,8 @@ class VMIAdmission:
                 id=str(uuid.uuid4()), vmi=vmi, devices=[m.device.name for m in members], requested_at=utcnow()
             )
             writes.request_id = request.id
-            for m in members:
-                await self._request(m.device, vmi, request, writes)
+            # One status write per device, all at once: the binder answers once every one carries the id.
+            await _all(self._request(m.device, vmi, request, writes) for m in members)
             answered = await self._wait(namespace, request)
             if answered is None:
                 raise Refusal(
@@ -192,11 +193,11 @@ class VMIAdmission:
             raise InternalError(e.message) from None
 
     async def _create_templates(self, members: list[Member], writes: _Writes) -> list[Member]:
-        out = []
-        for m in members:
+        """Create the set's new template devices, all at once; each one made is recorded for the undo."""
+
+        async def create(m: Member) -> Member:
             if not m.create:
-                out.append(m)
-                continue
+                return m
             try:
                 body = await self._kube.create(kinds.GPU_DEVICE, m.device.wire())
             except AlreadyExists:
@@ -204,8 +205,9 @@ class VMIAdmission:
             created = GPUDevice.from_wire(body)
             writes.created.append(created)
             self._seen(body)
-            out.append(Member(created, m.cls, m.index, template=True, create=False))
-        return out
+            return Member(created, m.cls, m.index, template=True, create=False)
+
+        return await _all(create(m) for m in members)
 
     async def _request(self, device: GPUDevice, vmi: str, request: BindRequest, writes: _Writes) -> None:
         """Attach and write the request in one status update, under the device's resourceVersion."""
@@ -261,11 +263,13 @@ class VMIAdmission:
             while True:
                 changed.clear()
                 devices = [self._cluster.device(namespace, n) for n in request.devices]
+                # An answer the binder has only assumed is not one yet: its write may still lose.
                 if all(
                     d is not None
                     and d.status.bind_request is not None
                     and d.status.bind_request.id == request.id
                     and d.status.bind_request.result is not None
+                    and not self._cluster.assumed(namespace, d.name)
                     for d in devices
                 ):
                     return [d for d in devices if d is not None]
@@ -314,6 +318,16 @@ class VMIAdmission:
             self._seen(body)
             log.info("vmi.undo.cleared", device=name, request_id=request_id)
             return
+
+
+async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
+    """Await every call; if any failed, raise the first failure once all are done (so the undo sees every
+    write that did land)."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return [r for r in results if not isinstance(r, BaseException)]
 
 
 def _ms(started: float) -> float:

@@ -1,0 +1,145 @@
+"""Benchmark (§13.2): VMI admission latency against the floor of its own chain of API writes.
+
+On a local control plane with the operator (`cozygpu run --dev`, its own identity):
+- `--concurrency` tenants at once each create a VMI with two template devices, for
+  `--rounds` rounds; the latency of each create, p50 and p99;
+- the floor: the same chain of API calls an admission makes, without the operator,
+  on ConfigMaps (two fresh reads, two creates, two status writes for attach + request,
+  two for the binder's answer, then the object itself), at the same concurrency;
+- a burst of `--burst` creates at once: admitted, refused, timed out (bind timeout).
+Prints each figure beside its peer and the ratio; asserts nothing.
+Run: `make bench` (or `python bench/admission.py --rounds 5`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION, LABEL_DEVICE_REFERENCE
+from cozygpu.devcluster import identity, nodes
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import ApiError, Body, Kube
+
+RESOURCE = "example.com/bench-gpu"
+CONFIGMAP = kinds.kind("ConfigMap")
+
+
+def vmi_body(name: str, namespace: str) -> Body:
+    refs = [{"deviceTemplate": {"className": "bench", "count": 1}}] * 2
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {LABEL_DEVICE_REFERENCE: "true"},
+            "annotations": {ANNOTATION_DEVICES: json.dumps(refs)},
+        },
+        "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
+    }
+
+
+def chain_of_writes(kube: Kube, name: str, namespace: str) -> None:
+    """What one admission costs in API calls, with nothing deciding in between."""
+    parts = [f"{name}-gpu-0", f"{name}-gpu-1"]
+    for part in parts:
+        kube.get_or_none(CONFIGMAP, part, namespace)
+    made = [kube.create(CONFIGMAP, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": p,
+                                    "namespace": namespace}, "data": {}}) for p in parts]  # fmt: skip
+    for step in ("request", "answer"):
+        for i, body in enumerate(made):
+            body["data"] = {**(body.get("data") or {}), step: "x"}
+            made[i] = kube.replace(CONFIGMAP, body)
+    kube.create(
+        CONFIGMAP, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}}
+    )
+
+
+def latencies(clients: list[Kube], work: Callable[[Kube, str], None], count: int) -> list[float]:
+    """Run `count` calls of `work`, len(clients) at a time; each call's duration."""
+
+    def one(i: int) -> float:
+        start = time.perf_counter()
+        work(clients[i % len(clients)], f"b{uuid.uuid4().hex[:8]}")
+        return time.perf_counter() - start
+
+    with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
+        return list(pool.map(one, range(count)))
+
+
+def pct(samples: list[float], q: float) -> float:
+    return sorted(samples)[min(len(samples) - 1, int(q * len(samples)))]
+
+
+def row(label: str, ours: float, floor: float) -> None:
+    print(f"{label:<28}{ours * 1e3:>10.0f} ms{floor * 1e3:>12.0f} ms{ours / floor:>10.2f}x")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--concurrency", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--burst", type=int, default=100)
+    p.add_argument("--nodes", type=int, default=100)
+    args = p.parse_args()
+    with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
+        kube = plane.kube()
+        for n in range(args.nodes):
+            nodes.create_gpu_node(kube, f"bench-{n:04d}", {RESOURCE: 8})
+        kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "bench"},
+                                      "spec": {"mode": "passthrough", "resourceName": RESOURCE}})  # fmt: skip
+        for ns in ("floor", "ours", "burst"):
+            kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        clients = [plane.kube() for _ in range(max(args.concurrency, 1))]
+        count = args.concurrency * args.rounds
+        floor = latencies(clients, lambda k, name: chain_of_writes(k, name, "floor"), count)
+
+        config = identity.write_kubeconfig(plane, Path(tmp) / "operator")
+        operator = OperatorProcess(config, Path(tmp) / "operator.log", "--dev").start()
+        try:
+            wait_for("nodes accounted", lambda: len(kube.list(kinds.GPU_NODE)) == args.nodes, timeout=60)
+            ours = latencies(clients, lambda k, name: created(k, name, "ours"), count)
+            for vmi in kube.list(kinds.VMI, "ours"):
+                kube.delete(kinds.VMI, vmi["metadata"]["name"], "ours")
+            # The burst gets the whole cluster: the collector frees the first phase's units (§6.2).
+            wait_for("units freed", lambda: not kube.list(kinds.GPU_DEVICE, "ours"), timeout=120)
+            burst = [plane.kube() for _ in range(args.burst)]
+            outcomes = latencies(burst, lambda k, name: outcome(k, name, "burst"), args.burst)
+        finally:
+            operator.stop()
+    print(f"VMI admission, {args.concurrency} concurrent creates x {args.rounds} rounds, 2 template devices each")
+    print(f"{'':<28}{'operator':>13}{'floor':>15}{'ratio':>11}")
+    row("p50", statistics.median(ours), statistics.median(floor))
+    row("p99", pct(ours, 0.99), pct(floor, 0.99))
+    tally = {k: RESULTS.count(k) for k in ("admitted", "refused", "timed out", "error")}
+    print(f"burst of {args.burst} creates at once: " + ", ".join(f"{v} {k}" for k, v in tally.items())
+          + f"; slowest {max(outcomes) * 1e3:.0f} ms")  # fmt: skip
+
+
+RESULTS: list[str] = []
+
+
+def created(kube: Kube, name: str, namespace: str) -> None:
+    kube.create(kinds.VMI, vmi_body(name, namespace))
+
+
+def outcome(kube: Kube, name: str, namespace: str) -> None:
+    try:
+        kube.create(kinds.VMI, vmi_body(name, namespace))
+        RESULTS.append("admitted")
+    except ApiError as e:
+        RESULTS.append("timed out" if "did not answer" in e.message else "refused" if e.status == 403 else "error")
+
+
+if __name__ == "__main__":
+    main()

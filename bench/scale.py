@@ -1,0 +1,113 @@
+"""Benchmark (§13.3): the operator's memory, cold start and resync at a large cloud's size.
+
+On a local control plane: `--nodes` fake GPU nodes and `--devices` held GPUDevices, Bound
+by the operator itself (as in a running cloud). Then the operator is started again from
+nothing and measured: seconds from start to ready (/readyz, the view synced), its resident
+memory once ready and after its first resync, and how long that resync took (its own
+`view.resynced` log event). Prints each figure beside its §13.3 budget; asserts nothing.
+Run: `make bench` (or `python bench/scale.py --nodes 500 --devices 5000`); loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from cozygpu.api.names import API_VERSION
+from cozygpu.devcluster import identity, nodes
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube import kinds
+from cozygpu.kube.adapter import Kube
+
+RESOURCE = "example.com/gpu"
+UNITS = 16
+NAMESPACES = 100
+T = TypeVar("T")
+
+
+def in_parallel(kubeconfig: Path, items: Sequence[T], act: Callable[[Kube, T], object], threads: int = 16) -> None:
+    work: queue.SimpleQueue[T] = queue.SimpleQueue()
+    for item in items:
+        work.put(item)
+
+    def drain(kube: Kube) -> None:
+        while True:
+            try:
+                item = work.get_nowait()
+            except queue.Empty:
+                return
+            act(kube, item)
+
+    with ThreadPoolExecutor(threads) as pool:
+        for f in [pool.submit(drain, Kube.from_kubeconfig(kubeconfig)) for _ in range(threads)]:
+            f.result()
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def bound_count(kube: Kube) -> int:
+    return sum(1 for d in kube.list(kinds.GPU_DEVICE) if d.get("status", {}).get("phase") == "Bound")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--devices", type=int, default=50000)
+    p.add_argument("--timeout", type=float, default=1800.0)
+    args = p.parse_args()
+    if args.devices > args.nodes * UNITS:
+        p.error(f"{args.devices} devices do not fit {args.nodes} nodes of {UNITS} units")
+    with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
+        kube = plane.kube()
+        kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "gpu"},
+                                      "spec": {"mode": "passthrough", "resourceName": RESOURCE}})  # fmt: skip
+        for ns in range(NAMESPACES):
+            kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"t{ns}"}})
+        start = time.monotonic()
+        in_parallel(plane.kubeconfig_path, [f"node-{n:05d}" for n in range(args.nodes)],
+                    lambda k, name: nodes.create_gpu_node(k, name, {RESOURCE: UNITS}))  # fmt: skip
+        print(f"{args.nodes} nodes in {time.monotonic() - start:.0f}s", flush=True)
+        config = identity.write_kubeconfig(plane, Path(tmp) / "operator")
+        filler = OperatorProcess(config, Path(tmp) / "filler.log", "--no-webhooks").start(timeout=args.timeout)
+        start = time.monotonic()
+        bodies = [{"apiVersion": API_VERSION, "kind": "GPUDevice", "metadata": {"name": f"d{i:06d}",
+                   "namespace": f"t{i % NAMESPACES}"}, "spec": {"className": "gpu", "count": 1}}
+                  for i in range(args.devices)]  # fmt: skip
+        in_parallel(plane.kubeconfig_path, bodies, lambda k, body: k.create(kinds.GPU_DEVICE, body))
+        while bound_count(kube) < args.devices:  # a list of every device: seconds apart, not a busy poll
+            if time.monotonic() - start > args.timeout:
+                raise SystemExit(f"not every device Bound after {args.timeout}s")
+            time.sleep(5)
+        print(f"{args.devices} devices created and Bound in {time.monotonic() - start:.0f}s", flush=True)
+        filler.stop()
+
+        cold = OperatorProcess(config, Path(tmp) / "cold.log", "--no-webhooks", "--sweep-interval", "30")
+        start = time.monotonic()
+        cold.start(timeout=args.timeout)
+        ready = time.monotonic() - start
+        assert cold.proc is not None
+        at_ready = rss_mib(cold.proc.pid)
+        resyncs = wait_for("the first periodic resync", lambda: cold.events("view.resynced")[1:], timeout=120)
+        after = rss_mib(cold.proc.pid)
+        cold.stop()
+    print(f"{'at ' + str(args.nodes) + ' nodes, ' + str(args.devices) + ' devices':<40}{'measured':>12}{'budget':>10}")
+    print(f"{'cold start to ready (s)':<40}{ready:>12.1f}{30:>10}")
+    print(f"{'resident memory once ready (MiB)':<40}{at_ready:>12.0f}{400:>10}")
+    print(f"{'resident memory after a resync (MiB)':<40}{after:>12.0f}{400:>10}")
+    print(f"{'a resync of every kind (s)':<40}{resyncs[0]['duration_ms'] / 1000:>12.1f}{'':>10}")
+
+
+if __name__ == "__main__":
+    main()
