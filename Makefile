@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv crds kubevirt-crds kubevirt control-plane lint unit integration test demo dev-cluster bench clean
+.PHONY: venv crds chart-policy kubevirt-crds kubevirt control-plane lint unit integration test demo dev-cluster bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ venv: $(STAMP)
 # Regenerate crds/ from the models in operator/cozygpu/api.
 crds: venv
 	$(BIN)/cozygpu crds --dir crds
+
+# The chart's copy of the no-bypass policy (§12), generated from cozygpu.runtime.policy.
+chart-policy: venv
+	$(BIN)/python -c "from cozygpu.runtime import policy; print(policy.chart_file(), end='')" \
+	  > charts/cozy-gpu-operator/files/no-bypass-policy.yaml
 
 # KubeVirt's full CRD set for the test control plane, printed by kv-dump from KubeVirt's source.
 kubevirt-crds:

@@ -27,7 +27,7 @@ from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.devcluster.ports import free_port
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
-from cozygpu.runtime import webhooks
+from cozygpu.runtime import policy, webhooks
 from cozygpu.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -60,6 +60,17 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
 def without_client(config: dict[str, Any]) -> list[dict[str, Any]]:
     return sorted(({k: v for k, v in w.items() if k != "clientConfig"} for w in config["webhooks"]),
                   key=lambda w: w["name"])  # fmt: skip
+
+
+def test_the_no_bypass_policy_is_the_one_the_operator_registers_itself(helm: Path) -> None:
+    """§12.3: the chart's ValidatingAdmissionPolicy and binding equal the code's, with the chart's controller user;
+    turned off by a value."""
+    docs = render(helm, "--set", "kubevirt.controllerUser=system:serviceaccount:virt:controller")
+    assert (
+        one(docs, "ValidatingAdmissionPolicy")["spec"] == policy.policy("system:serviceaccount:virt:controller")["spec"]
+    )
+    assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"] == policy.binding()["spec"]
+    assert not [d for d in render(helm, "--set", "noBypassPolicy.enabled=false") if "Policy" in d["kind"]]
 
 
 def test_the_chart_lints(helm: Path) -> None:
@@ -142,7 +153,8 @@ def test_every_rendered_object_is_accepted_by_the_api_server(helm: Path, kube: K
     docs = render(helm, release=release, namespace=namespace)
     expected = ["ServiceAccount", "Secret", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
                 "Role", "RoleBinding", "Service", "Deployment", "MutatingWebhookConfiguration",
-                "ValidatingWebhookConfiguration"]  # fmt: skip
+                "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding"]  # fmt: skip
     assert sorted(d["kind"] for d in docs) == sorted(expected)
     for doc in docs:
         kind = kinds.kind(doc["kind"])

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from cozygpu.api import KINDS, crdgen
+from cozygpu.runtime import policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -219,3 +220,9 @@ def test_kubevirt_fixture_is_the_real_schema() -> None:
     gpus = schema["properties"]["spec"]["properties"]["domain"]["properties"]["devices"]["properties"]["gpus"]
     assert "name" in gpus["items"]["required"]
     assert "deviceName" in gpus["items"]["properties"]
+
+
+def test_the_charts_policy_file_is_the_codes() -> None:
+    """§12.3: charts/.../files/no-bypass-policy.yaml is what cozygpu.runtime.policy builds (run `make chart-policy`)."""
+    path = REPO / "charts" / "cozy-gpu-operator" / "files" / policy.CHART_FILE
+    assert path.read_text() == policy.chart_file(), "run `make chart-policy`"

@@ -23,11 +23,16 @@ USERNAME = f"system:serviceaccount:{NAMESPACE}:{NAME}"
 RBAC_DIR = repo_root() / "charts" / "cozy-gpu-operator" / "files" / "rbac"
 RBAC = "rbac.authorization.k8s.io"
 
-# `cozygpu run --dev` registers its own webhook configurations; in a cluster the chart installs them.
+# `cozygpu run --dev` registers its own webhook configurations and policy; in a cluster the chart installs them.
 DEV_RULES = [
     {
         "apiGroups": ["admissionregistration.k8s.io"],
-        "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+        "resources": [
+            "mutatingwebhookconfigurations",
+            "validatingwebhookconfigurations",
+            "validatingadmissionpolicies",
+            "validatingadmissionpolicybindings",
+        ],
         "verbs": ["get", "create", "update", "delete"],
     }
 ]

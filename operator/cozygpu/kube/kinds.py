@@ -51,6 +51,15 @@ _ALL = {
         "validatingwebhookconfigurations",
         False,
     ),
+    "ValidatingAdmissionPolicy": Kind(
+        "admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy", "validatingadmissionpolicies", False
+    ),
+    "ValidatingAdmissionPolicyBinding": Kind(
+        "admissionregistration.k8s.io/v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        False,
+    ),
     "SelfSubjectReview": Kind("authentication.k8s.io/v1", "SelfSubjectReview", "selfsubjectreviews", False),
     "ClusterRole": Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
     "ClusterRoleBinding": Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
@@ -78,3 +87,5 @@ KUBEVIRT = kind("KubeVirt")
 CRD = kind("CustomResourceDefinition")
 MUTATING_WEBHOOKS = kind("MutatingWebhookConfiguration")
 VALIDATING_WEBHOOKS = kind("ValidatingWebhookConfiguration")
+POLICY = kind("ValidatingAdmissionPolicy")
+POLICY_BINDING = kind("ValidatingAdmissionPolicyBinding")

@@ -23,7 +23,7 @@ import structlog
 
 from cozygpu.kube import credentials, kinds
 from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
-from cozygpu.runtime import leadership, webhooks
+from cozygpu.runtime import leadership, policy, webhooks
 from cozygpu.runtime.accountant import Accountant
 from cozygpu.runtime.binder import Binder
 from cozygpu.runtime.collector import Collector
@@ -329,7 +329,9 @@ class Operator:
             ):
                 kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
                 await self.kube.put_object(kind, config)
-            log.info("webhooks.registered", url=self.serving.url)
+            await self.kube.put_object(kinds.POLICY, policy.policy(self.settings.kubevirt_controller_user))
+            await self.kube.put_object(kinds.POLICY_BINDING, policy.binding())
+            log.info("webhooks.registered", url=self.serving.url, policy=policy.NAME)
         self.webhooks_ready = True
         await asyncio.Event().wait()  # keeps readiness honest: a stopped task turns it off
 
@@ -353,9 +355,12 @@ class Operator:
         if self.leadership is not None:
             await self.leadership.release()
         if self.serving is not None:
-            for kind in (kinds.MUTATING_WEBHOOKS, kinds.VALIDATING_WEBHOOKS):
+            registered = ((kinds.MUTATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
+                          (kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
+                          (kinds.POLICY_BINDING, policy.NAME), (kinds.POLICY, policy.NAME))  # fmt: skip
+            for kind, name in registered:
                 try:
-                    await self.kube.delete(kind, webhooks.CONFIGURATION_NAME)
+                    await self.kube.delete(kind, name)
                 except ApiError as e:
                     log.warning("webhooks.unregister_failed", error=e.message)
             log.info("webhooks.unregistered")
