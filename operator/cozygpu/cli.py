@@ -15,6 +15,7 @@ import asyncio
 import os
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 
 from cozygpu import logs
 from cozygpu.api import crdgen
+from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.runtime import handlers
 from cozygpu.settings import Settings
@@ -72,8 +74,18 @@ def _dev_cluster(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    kubeconfig = args.kubeconfig
+    if args.dev and kubeconfig and not args.as_given:
+        # §12.4: never as a person's credentials, or the webhooks that skip the operator would skip them too.
+        own, user = identity.own_identity(Path(kubeconfig), Path(tempfile.mkdtemp(prefix="cozygpu-dev-")))
+        if own != Path(kubeconfig):
+            said = f"{user} installed the operator's ServiceAccount {identity.USERNAME} with the chart's RBAC"
+            print(
+                f"cozygpu run --dev: {said}; the operator runs as it, so {user} meets every rule of §9", file=sys.stderr
+            )
+        kubeconfig = str(own)
     overrides = {
-        "kubeconfig": args.kubeconfig,
+        "kubeconfig": kubeconfig,
         "bind_timeout": args.bind_timeout,
         "webhook_timeout": args.webhook_timeout,
         "grace_period": args.grace_period,
@@ -122,6 +134,12 @@ def parser() -> argparse.ArgumentParser:
         "--dev",
         action="store_true",
         help="self-signed webhook certificate; register (and on exit remove) the webhook configurations",
+    )
+    run.add_argument(
+        "--as-given",
+        action="store_true",
+        help="with --dev: run as the kubeconfig's own user, not as the operator's ServiceAccount (tests that "
+        "restrict what the operator may do)",
     )
     run.add_argument("--no-webhooks", action="store_true", help="run without admission webhooks")
     run.add_argument("--no-binder", action="store_true", help="run without the binder (nothing answers bind requests)")

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from cozygpu.devcluster import identity
+from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import kinds
-from cozygpu.kube.adapter import ApiError, Body, Kube
+from cozygpu.kube.adapter import ApiError, Body, Forbidden, Kube
 from cozygpu.runtime import policy, webhooks
-from tests.conftest import Gpu, start_admitting_operator
-from tests.helpers import vmi_body
+from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
+from tests.helpers import gpu_class_body, gpu_device_body, vmi_body
 
 
 def unlabelled_vmi(name: str, namespace: str, devices: dict[str, Any] | None = None, **domain: Any) -> Body:
@@ -104,3 +109,24 @@ def test_dev_mode_removes_the_policy_on_exit(operator_kubeconfig: Path, kube: Ku
     process.stop()
     assert kube.get_or_none(kinds.POLICY, policy.NAME) is None
     assert kube.get_or_none(kinds.POLICY_BINDING, policy.NAME) is None
+
+
+def test_the_readmes_hand_run_path_meets_every_rule(
+    control_plane: ControlPlane, kube: Kube, namespace: str, gpu_node: GPUNodeFactory, tmp_path: Path
+) -> None:
+    """§12.4: `cozygpu run --dev` started with an administrator's kubeconfig runs as its own ServiceAccount, so the
+    administrator's own held device in a namespace the class does not entitle is refused (§9.1)."""
+    tag = uuid.uuid4().hex[:6]
+    kube.create(kinds.GPU_CLASS, gpu_class_body(f"only-{tag}", f"example.com/only-{tag}",
+                                                namespaceSelector={"matchLabels": {"entitled": tag}}))  # fmt: skip
+    gpu_node({f"example.com/only-{tag}": 1})  # before the operator starts: its first list has it
+    process = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log", "--dev").start()
+    try:
+        synced = process.events("operator.synced")
+        assert synced[0]["identity"] == identity.USERNAME
+        with pytest.raises(Forbidden) as raised:
+            kube.create(kinds.GPU_DEVICE, gpu_device_body("mine", namespace, f"only-{tag}"))
+        assert f"namespace {namespace} is not entitled to GPUClass only-{tag}" in raised.value.message
+    finally:
+        process.stop()
+        kube.delete(kinds.GPU_CLASS, f"only-{tag}")

@@ -28,7 +28,12 @@ READABLE = {
     "": ["nodes", "namespaces"],
     "gpu.cozystack.io": ["gpuclasses", "gpubudgets", "gpunodes", "gpudevices"],
     "kubevirt.io": ["kubevirts", "virtualmachineinstances"],
-    "admissionregistration.k8s.io": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+    "admissionregistration.k8s.io": [
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+        "validatingadmissionpolicies",
+        "validatingadmissionpolicybindings",
+    ],
     "coordination.k8s.io": ["leases"],
 }
 
@@ -56,7 +61,7 @@ def operator_unable_to_get(plane: ControlPlane, directory: Path, unreadable: str
         "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": ROLE},
         "subjects": [{"apiGroup": rbac, "kind": "User", "name": USER}]})  # fmt: skip
     kubeconfig = plane.write_kubeconfig(directory / "kubeconfig", user=USER, group=None)
-    process = OperatorProcess(kubeconfig, directory / "operator.log", "--dev", "--bind-timeout", "2")
+    process = OperatorProcess(kubeconfig, directory / "operator.log", "--dev", "--as-given", "--bind-timeout", "2")
     try:
         yield process.start()
     finally:

@@ -102,3 +102,31 @@ def write_kubeconfig(plane: ControlPlane, path: Path) -> Path:
     kube = plane.kube()
     install(kube)
     return plane.write_token_kubeconfig(path, USERNAME, kube.request_token(NAMESPACE, NAME), namespace=NAMESPACE)
+
+
+def own_identity(admin_kubeconfig: Path, directory: Path) -> tuple[Path, str]:
+    """§12.4 for `cozygpu run --dev`: a kubeconfig for the operator's own ServiceAccount (installed with the
+    chart's RBAC by the given credentials), and the user those credentials are. A kubeconfig that already is a
+    ServiceAccount's is returned as it is: then the operator is that account, as in a cluster."""
+    kube = Kube.from_kubeconfig(admin_kubeconfig)
+    user = kube.whoami()
+    if user.startswith("system:serviceaccount:"):
+        return admin_kubeconfig, user
+    config = yaml.safe_load(admin_kubeconfig.read_text())
+    context = next(c["context"] for c in config["contexts"] if c["name"] == config["current-context"])
+    cluster = next(c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"])
+    install(kube)
+    token = kube.request_token(NAMESPACE, NAME)
+    credentials = {"token": token}
+    own = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": cluster}],
+        "users": [{"name": USERNAME, "user": credentials}],
+        "contexts": [{"name": "operator", "context": {"cluster": "cluster", "user": USERNAME, "namespace": NAMESPACE}}],
+        "current-context": "operator",
+    }
+    path = directory / "operator-kubeconfig"
+    path.write_text(yaml.safe_dump(own))
+    path.chmod(0o600)
+    return path, user
