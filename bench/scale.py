@@ -107,6 +107,7 @@ def main() -> None:
     print(f"{'resident memory once ready (MiB)':<40}{at_ready:>12.0f}{400:>10}")
     print(f"{'resident memory after a resync (MiB)':<40}{after:>12.0f}{400:>10}")
     print(f"{'a resync of every kind (s)':<40}{resyncs[0]['duration_ms'] / 1000:>12.1f}{'':>10}")
+    print(f"  that resync: {resyncs[0].get('unchanged')} objects unchanged, {resyncs[0]['forgotten']} forgotten")
 
 
 if __name__ == "__main__":

@@ -238,3 +238,16 @@ def test_a_removed_vmi_or_node_is_not_brought_back_by_a_list_taken_before() -> N
     c.remove_node("n1", resource_version="9")
     assert c.upsert_node(old) is None
     assert "n1" not in c.nodes
+
+
+def test_a_resync_can_tell_what_the_view_holds_at_that_very_version() -> None:
+    """§6.4, §13.3: a listed object at the stored version is skipped unread; another version, or a new one, is not."""
+    c = cluster(nodes=[node("n1", {A10: 1})], devices=[device("a")])
+    stored = c.device("t1", "a")
+    assert stored is not None
+    assert c.holds("GPUDevice", ("t1", "a"), stored.metadata.resource_version)
+    assert not c.holds("GPUDevice", ("t1", "a"), "999999")
+    assert not c.holds("GPUDevice", ("t1", "b"), stored.metadata.resource_version)
+    assert c.holds("Node", "n1", c.nodes["n1"].resource_version)
+    c.upsert_namespace({"metadata": {"name": "t1", "resourceVersion": "7"}})
+    assert c.holds("Namespace", "t1", "7") and not c.holds("Namespace", "t1", "8")

@@ -162,6 +162,14 @@ class Kube:
         answer = self._call("GET", kind, namespace=namespace, params=params)
         return answer["items"], str(answer.get("metadata", {}).get("resourceVersion", ""))
 
+    def list_page(self, kind: Kind, limit: int, after: str = "") -> tuple[list[Body], str, str]:
+        """One page of a list across namespaces: its items, the list's resourceVersion (every page of one
+        list shows the same point in time) and the token for the next page, empty after the last."""
+        params = {"limit": str(limit), **({"continue": after} if after else {})}
+        answer = self._call("GET", kind, params=params)
+        meta = answer.get("metadata", {})
+        return answer["items"], str(meta.get("resourceVersion", "")), str(meta.get("continue") or "")
+
     def list(self, kind: Kind, namespace: str | None = None, label_selector: str | None = None) -> list[Body]:
         return self.list_versioned(kind, namespace, label_selector)[0]
 
@@ -321,6 +329,9 @@ class AsyncKube:
 
     async def list_versioned(self, kind: Kind) -> tuple[list[Body], str]:
         return await self._run(self.sync.list_versioned, kind)
+
+    async def list_page(self, kind: Kind, limit: int, after: str = "") -> tuple[list[Body], str, str]:
+        return await self._run(self.sync.list_page, kind, limit, after)
 
     async def list(self, kind: Kind, namespace: str | None = None) -> list[Body]:
         return await self._run(self.sync.list, kind, namespace)

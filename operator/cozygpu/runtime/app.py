@@ -44,6 +44,7 @@ log = structlog.get_logger("cozygpu.operator")
 WATCHED = KINDS
 # The first resync closes the start-up race between our list and the watch's own.
 FIRST_RESYNC = 5.0
+RESYNC_PAGE = 500
 
 
 def _free_port(host: str) -> int:
@@ -285,19 +286,32 @@ class Operator:
         Listed objects go in as events (older versions are ignored); what the view holds at a version
         no newer than the list but the list lacks was removed where no watch event said so, and is
         removed here the way a DELETED event would remove it (a VMI's devices are detached, say)."""
-        forgotten, started = 0, time.monotonic()
+        forgotten, started, skipped = 0, time.monotonic(), 0
         for kind in WATCHED:
-            items, version = await self.kube.list_versioned(kinds.kind(kind))
-            for item in items:
-                self.on_event(kind, {"type": None, "object": item})
-            listed = {_key(kind, item) for item in items}
+            listed: set[Any] = set()
+            version, after = "", ""
+            while True:
+                # Pages, and the event loop's turn between them: a resync of 50,000 devices must not hold up
+                # admissions (§13.3), nor hold every object of a kind in memory at once.
+                items, version, after = await self.kube.list_page(kinds.kind(kind), RESYNC_PAGE, after)
+                for item in items:
+                    key = _key(kind, item)
+                    listed.add(key)
+                    if self.cluster.holds(kind, key, item.get("metadata", {}).get("resourceVersion")):
+                        skipped += 1  # what the view has at this very version needs no second reading
+                        continue
+                    self.on_event(kind, {"type": None, "object": item})
+                await asyncio.sleep(0)
+                if not after:
+                    break
             for key in self.cluster.missing(kind, listed, version):
                 namespace, name = key if isinstance(key, tuple) else ("", key)
                 gone = {"metadata": {"name": name, "namespace": namespace, "resourceVersion": version}}
                 self.on_event(kind, {"type": "DELETED", "object": gone})
                 log.info("view.forgot", kind=kind, namespace=namespace or None, name=name)
                 forgotten += 1
-        log.info("view.resynced", forgotten=forgotten, duration_ms=round((time.monotonic() - started) * 1000, 1))
+        log.info("view.resynced", forgotten=forgotten, unchanged=skipped,
+                 duration_ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
         return forgotten
 
     async def _resync_every(self, interval: float) -> None:

@@ -450,27 +450,44 @@ class Cluster:
 
     # -- resyncs (§6.4) -------------------------------------------------------
 
+    def _stored(self, kind: str) -> dict[Any, Any]:
+        """What the view holds of `kind`, by key (objects with metadata, NodeInfos, or plain versions)."""
+        match kind:
+            case "GPUDevice":
+                return self.devices
+            case "GPUClass":
+                return self.classes
+            case "GPUBudget":
+                return self.budgets
+            case "GPUNode":
+                return self.gpunodes
+            case "Node":
+                return self.nodes
+            case _:
+                return self._raw_versions[kind]
+
+    @staticmethod
+    def _version_of(stored: Any) -> int:
+        if isinstance(stored, int):
+            return stored
+        if isinstance(stored, NodeInfo):
+            return version(stored.resource_version)
+        return version(stored.metadata.resource_version)
+
+    def holds(self, kind: str, key: Any, resource_version: str | None) -> bool:
+        """Whether the view already holds this object at exactly this version: a resync skips it unread."""
+        stored = self._stored(kind).get(key)
+        return stored is not None and self._version_of(stored) == version(resource_version)
+
     def missing(self, kind: str, listed: set[Any], list_version: str | None) -> list[Any]:
         """Keys of `kind` the view holds that a list at `list_version` lacks, stored at a version no newer.
 
         Such an object was removed while no watch event could say so (the start-up race between two
         lists, a watch gap); what is newer than the list arrived after it and stays."""
-        stored: dict[Any, int]
-        match kind:
-            case "GPUDevice":
-                stored = {k: version(d.metadata.resource_version) for k, d in self.devices.items()}
-            case "GPUClass":
-                stored = {k: version(c.metadata.resource_version) for k, c in self.classes.items()}
-            case "GPUBudget":
-                stored = {k: version(b.metadata.resource_version) for k, b in self.budgets.items()}
-            case "GPUNode":
-                stored = {k: version(n.metadata.resource_version) for k, n in self.gpunodes.items()}
-            case "Node":
-                stored = {k: version(n.resource_version) for k, n in self.nodes.items()}
-            case _:
-                stored = self._raw_versions[kind]
         limit = version(list_version)
-        return sorted((k for k, v in stored.items() if k not in listed and v <= limit), key=str)
+        return sorted(
+            (k for k, v in self._stored(kind).items() if k not in listed and self._version_of(v) <= limit), key=str
+        )
 
     def namespace_labels(self, namespace: str) -> dict[str, str]:
         # Every namespace carries kubernetes.io/metadata.name; keep selectors on it working
