@@ -23,11 +23,11 @@ def test_an_assumed_decision_outlives_events_of_the_version_it_was_made_on() -> 
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
     pending = c.device("t1", "a")
     assert pending is not None
-    c.assume_device(transitions.bound(pending, "n1", EPOCH))
+    token = c.assume_device(transitions.bound(pending, "n1", EPOCH))
     c.upsert_device(with_version(device("a"), 5))
     assert c.held_by_class("n1") == {"a10": 1}
     assert c.assumed("t1", "a")
-    c.settle_device("t1", "a")
+    assert c.settle_device("t1", "a", token)
     c.upsert_device(with_version(device("a", phase="Bound", node_name="n1"), 6))
     stored = c.device("t1", "a")
     assert stored is not None and stored.metadata.resource_version == "6" and not c.assumed("t1", "a")
@@ -39,11 +39,24 @@ def test_a_failed_write_gives_the_units_back_once_the_fresh_version_is_in() -> N
     pending = c.device("t1", "a")
     assert pending is not None
     generation = c.capacity_generation
-    c.assume_device(transitions.bound(pending, "n1", EPOCH))
-    c.settle_device("t1", "a")
+    token = c.assume_device(transitions.bound(pending, "n1", EPOCH))
+    c.settle_device("t1", "a", token)
     c.upsert_device(with_version(device("a", phase="Pending"), 7))
     assert c.held_by_class("n1") == {}
     assert c.capacity_generation > generation  # waiting devices are looked at again
+
+
+def test_settling_an_earlier_assumption_leaves_a_later_one_in_place() -> None:
+    """A write that lost settles only its own assumption: one made on the device since (an answer to a request
+    that arrived meanwhile) keeps its units counted until its own write is done."""
+    c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
+    pending = c.device("t1", "a")
+    assert pending is not None
+    first = c.assume_device(transitions.bound(pending, "n1", EPOCH))
+    second = c.assume_device(transitions.bound(pending, "n1", EPOCH))
+    assert not c.settle_device("t1", "a", first)
+    assert c.assumed("t1", "a") and c.held_by_class("n1") == {"a10": 1}
+    assert c.settle_device("t1", "a", second) and not c.assumed("t1", "a")
 
 
 def test_a_node_heartbeat_is_no_capacity_change() -> None:
@@ -71,18 +84,17 @@ def test_pipelined_decisions_never_spend_a_unit_twice(counts: list[int], outcome
     it has, and the held counters equal a recount from the devices."""
     c = cluster(nodes=[node("n1", {A10: 4}), node("n2", {A10: 3})], classes=[gpu_class("a10")],
                 devices=[with_version(device(f"d{i}", count=n), 10 + i) for i, n in enumerate(counts)])  # fmt: skip
-    inflight: list[tuple[GPUDevice, str]] = []
+    inflight: list[tuple[GPUDevice, str, int]] = []
     for i in range(len(counts)):
         current = c.device("t1", f"d{i}")
         assert current is not None
         outcome = place(c, [current])
         if isinstance(outcome, Placement):
             decided = transitions.bound(current, outcome.node, EPOCH)
-            c.assume_device(decided)
-            inflight.append((decided, outcomes[i]))
+            inflight.append((decided, outcomes[i], c.assume_device(decided)))
         check(c)
     rnd.shuffle(inflight)
-    for decided, how in inflight:
+    for decided, how, token in inflight:
         name, rv = decided.name, int(decided.metadata.resource_version or 0)
         if how in ("echo", "list"):
             c.upsert_device(with_version(device(name, count=decided.spec.count), rv))  # the old version again
@@ -93,7 +105,7 @@ def test_pipelined_decisions_never_spend_a_unit_twice(counts: list[int], outcome
             if isinstance(outcome := place(c, [late]), Placement):
                 c.assume_device(transitions.bound(late, outcome.node, EPOCH))
             check(c)
-        c.settle_device("t1", name)
+        c.settle_device("t1", name, token)
         if how == "conflict":
             c.upsert_device(with_version(device(name, count=decided.spec.count, phase="Pending"), rv + 100))
         else:

@@ -166,7 +166,8 @@ class Operator:
     def _seen(self, body: dict[str, Any]) -> None:
         """A device the webhook wrote: into the view at once, and the binder woken."""
         self.cluster.upsert_device(body)
-        self.binder.poke()
+        meta = body.get("metadata", {})
+        self.binder.touch(meta.get("namespace", ""), meta.get("name", ""))
         self.waiters.notify()
 
     # -- admission -------------------------------------------------------------

@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import structlog
 
@@ -63,6 +64,8 @@ class Binder:
         # Devices with events since the last pass, and the generation of the last full pass.
         self._fresh: set[DeviceKey] = set()
         self._passed_at = -1
+        # Assumptions whose write had an unknown outcome and whose fresh read failed too: read again.
+        self._doubtful: dict[DeviceKey, int] = {}
         # Writes in flight, bounded so decisions never run far ahead of the API, and to half the
         # client's pool: admissions, the accountant and the collector get the other half.
         self._in_flight = asyncio.Semaphore(max(1, kube.workers // 2))
@@ -86,12 +89,16 @@ class Binder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
         finally:
-            for task in list(self._writes):
+            writes = list(self._writes)
+            for task in writes:
                 task.cancel()
+            await asyncio.gather(*writes, return_exceptions=True)
 
     async def step(self) -> bool:
         """One pass over everything undecided; True when a request is still being written."""
-        waiting = await self._answer_requests()
+        for key, token in list(self._doubtful.items()):
+            await self._refresh(*key, token)
+        waiting = await self._answer_requests() or bool(self._doubtful)
         await self._mark_lost()
         await self._place_waiting()
         return waiting
@@ -103,11 +110,17 @@ class Binder:
         ids = self._cluster.open_request_ids()
         ids.sort(key=self._requested_at)
         for request_id in ids:
+            if any(self._cluster.assumed(*_key(d)) for d in self._cluster.devices_of_request(request_id)):
+                waiting = True  # a write of ours on one of its devices is still out: decide after it
+                continue
+            # The slot first: nothing may change between the decision and its assumption in the view.
+            await self._in_flight.acquire()
             assessment = assess(self._cluster, request_id, self._clock(), self._incomplete_after, self._reserved())
-            if isinstance(assessment, Wait):
-                waiting = True
-            elif isinstance(assessment, Answer):
-                await self._answer(assessment)
+            if isinstance(assessment, Answer):
+                self._answer(assessment)
+                continue
+            self._in_flight.release()
+            waiting = waiting or isinstance(assessment, Wait)
         return waiting
 
     def _requested_at(self, request_id: str) -> dt.datetime:
@@ -116,9 +129,10 @@ class Binder:
                 return d.status.bind_request.requested_at
         return self._clock()
 
-    async def _answer(self, answer: Answer) -> None:
+    def _answer(self, answer: Answer) -> None:
         """Count the answer in the view at once and write it to every device of the set concurrently,
-        in the background: the next request is decided meanwhile, on a view that already has this one."""
+        in the background: the next request is decided meanwhile, on a view that already has this one.
+        The caller holds a slot; the write gives it back."""
         now = self._clock()
         outcome, request = answer.outcome, answer.request
         news = [
@@ -127,19 +141,25 @@ class Binder:
             else transitions.refused(d, request.id, outcome.message)
             for d in answer.devices
         ]
-        await self._in_flight.acquire()
-        for new in news:
-            self._cluster.assume_device(new)
-        task = asyncio.create_task(self._write_answer(answer, news, time.monotonic()))
+        tokens = [self._cluster.assume_device(new) for new in news]
+        self._spawn(self._write_answer(answer, news, tokens, time.monotonic()))
+
+    def _spawn(self, write: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(write)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _write_answer(self, answer: Answer, news: list[GPUDevice], started: float) -> None:
+    async def _write_answer(self, answer: Answer, news: list[GPUDevice], tokens: list[int], started: float) -> None:
         outcome, request = answer.outcome, answer.request
         try:
-            written = await asyncio.gather(*(self._write(new, assumed=True) for new in news))
+            results = await asyncio.gather(
+                *(self._write(new, token=t) for new, t in zip(news, tokens, strict=True)), return_exceptions=True
+            )
         finally:
             self._in_flight.release()
+        written = [r is True for r in results]
+        for failure in (r for r in results if isinstance(r, BaseException)):
+            log.warning("binder.write_failed", request_id=request.id, namespace=answer.namespace, error=str(failure))
         if not all(written):
             # Someone wrote first; the view holds their version and the next pass decides again.
             lost = [d.name for d, ok in zip(answer.devices, written, strict=True) if not ok]
@@ -239,16 +259,21 @@ class Binder:
             return
         if current.status.phase is not None and self._tried_at.get(key) == generation:
             return
+        # The slot first: nothing may change between the decision and its assumption in the view.
+        await self._in_flight.acquire()
+        current = self._cluster.device(*key)
+        stale = self._cluster.capacity_generation != generation  # room appeared: the oldest decide first
+        if stale or current is None or self._cluster.assumed(*key) or not self._placeable(current):
+            self._in_flight.release()
+            return
         outcome = place(self._cluster, [current])
         if isinstance(outcome, Placement):
             self._tried_at.pop(key, None)
-            await self._in_flight.acquire()
             bound = transitions.bound(current, outcome.node, self._clock())
-            self._cluster.assume_device(bound)
-            task = asyncio.create_task(self._bind(current, bound, outcome.node))
-            self._writes.add(task)
-            task.add_done_callback(self._writes.discard)
+            token = self._cluster.assume_device(bound)
+            self._spawn(self._bind(current, bound, outcome.node, token))
             return
+        self._in_flight.release()
         new = transitions.waiting(current, outcome.message, self._clock())
         if new != current and not await self._write(new):
             return
@@ -256,17 +281,19 @@ class Binder:
         if current.status.phase is None or current.status.message != new.status.message:
             log.info("device.waiting", namespace=key[0], device=key[1], message=new.status.message)
 
-    async def _bind(self, before: GPUDevice, bound: GPUDevice, node: str) -> None:
+    async def _bind(self, before: GPUDevice, bound: GPUDevice, node: str, token: int) -> None:
         """The write of one assumed decision; its slot is given back when it is done."""
         try:
-            if await self._write(bound, assumed=True):
+            if await self._write(bound, token=token):
                 self._post(bound, "Bound", f"bound on node {node}")
                 log.info("device.bound", namespace=bound.namespace, device=bound.name, node=node,
                          phase_was=str(before.status.phase))  # fmt: skip
-            else:
-                self.touch(*_key(bound))
+                return
+        except Exception as e:  # the API failed us: the device is decided again on the next pass
+            log.warning("binder.write_failed", namespace=bound.namespace, device=bound.name, error=str(e))
         finally:
             self._in_flight.release()
+        self.touch(*_key(bound))
 
     async def drain(self) -> None:
         """Wait until every write in flight is done (tests, shutdown)."""
@@ -279,34 +306,45 @@ class Binder:
         if self._events is not None:
             self._events.post(device, reason, message)
 
-    async def _write(self, device: GPUDevice, *, assumed: bool = False) -> bool:
+    async def _write(self, device: GPUDevice, *, token: int | None = None) -> bool:
         """Replace the device's status under its resourceVersion; False when someone wrote first.
 
-        `assumed`: the view already counts this write (`Cluster.assume_device`); whatever the
-        outcome, the API's answer or a fresh read replaces the assumption."""
+        `token`: the view already counts this write (`Cluster.assume_device`); whatever the outcome,
+        the API's answer or a fresh read replaces the assumption."""
         namespace = device.namespace or ""
         try:
             body = await self._kube.replace_status(kinds.GPU_DEVICE, device.wire())
         except (Conflict, NotFound):
-            await self._refresh(namespace, device.name, assumed)
+            await self._refresh(namespace, device.name, token)
             return False
-        except BaseException:
-            if assumed:  # an unknown outcome: what the API has now is the truth
-                with contextlib.suppress(Exception):
-                    await self._refresh(namespace, device.name, assumed)
+        except Exception:
+            if token is not None:  # an unknown outcome: what the API has now is the truth
+                await self._refresh(namespace, device.name, token)
             raise
-        if assumed:
-            self._cluster.settle_device(namespace, device.name)
+        if token is not None:
+            self._cluster.settle_device(namespace, device.name, token)
         self._cluster.upsert_device(body)
         self._on_write()
         return True
 
-    async def _refresh(self, namespace: str, name: str, assumed: bool) -> None:
-        if assumed:
-            self._cluster.settle_device(namespace, name)
-        fresh = await self._kube.get_or_none(kinds.GPU_DEVICE, name, namespace)
+    async def _refresh(self, namespace: str, name: str, token: int | None) -> None:
+        """Read the device fresh and put it in the view, the assumption `token` settled in the same step: no
+        one sees the view without the assumption before the API's version is in. If the read fails too, the
+        assumption stays (its units stay counted) and the next pass reads again."""
+        key = (namespace, name)
+        try:
+            fresh = await self._kube.get_or_none(kinds.GPU_DEVICE, name, namespace)
+        except Exception as e:
+            if token is not None:
+                self._doubtful[key] = token
+            log.warning("binder.refresh_failed", namespace=namespace, device=name, error=str(e))
+            return
+        self._doubtful.pop(key, None)
+        if token is not None and not self._cluster.settle_device(namespace, name, token):
+            return  # another decision of ours is in flight on it now: its write settles it
         if fresh is None:
             self._cluster.remove_device(namespace, name)
         else:
             self._cluster.upsert_device(fresh)
         self._on_write()
+        self.touch(namespace, name)

@@ -71,7 +71,8 @@ class Cluster:
         self._by_free: dict[str, list[tuple[int, str]]] = defaultdict(list)
         self._free_at: dict[tuple[str, str], int] = {}
         # Decisions whose writes are in flight, with the resourceVersion each was decided on.
-        self._assumed: dict[DeviceKey, int] = {}
+        self._assumed: dict[DeviceKey, tuple[int, int]] = {}  # the version decided on, the assumption's token
+        self._assumptions = 0
         # Order of first sight: creation timestamps have one-second precision, so devices
         # created within a second are told apart by when the watch delivered them.
         self._arrival: dict[DeviceKey, int] = {}
@@ -98,20 +99,28 @@ class Cluster:
         if old is not None and not _newer(old.metadata.resource_version, device.metadata.resource_version):
             return old
         assumed = self._assumed.get(key)
-        if assumed is not None and version(device.metadata.resource_version) <= assumed:
+        if assumed is not None and version(device.metadata.resource_version) <= assumed[0]:
             return old  # the version a decision in flight was made on: the decision stands
         return self._store(key, old, device)
 
-    def assume_device(self, device: GPUDevice) -> None:
+    def assume_device(self, device: GPUDevice) -> int:
         """Count a decision whose write is in flight (§13.1): stored now, and no event of the version it
-        was decided on (a resync's list, a late echo) can undo it until `settle_device`."""
+        was decided on (a resync's list, a late echo) can undo it until `settle_device` with the token
+        returned here."""
         key = (device.namespace or "", device.name)
-        self._assumed[key] = version(device.metadata.resource_version)
+        self._assumptions += 1
+        self._assumed[key] = (version(device.metadata.resource_version), self._assumptions)
         self._store(key, self.devices.get(key), device)
+        return self._assumptions
 
-    def settle_device(self, namespace: str, name: str) -> None:
-        """The write is done (or failed): the API's answer, or a fresh read, is what counts from now on."""
-        self._assumed.pop((namespace, name), None)
+    def settle_device(self, namespace: str, name: str, token: int) -> bool:
+        """The write of assumption `token` is done (or failed): the API's answer, or a fresh read, counts from
+        now on. False, and nothing changed, when the device carries another assumption than this one."""
+        key = (namespace, name)
+        if key not in self._assumed or self._assumed[key][1] != token:
+            return False
+        del self._assumed[key]
+        return True
 
     def assumed(self, namespace: str, name: str) -> bool:
         return (namespace, name) in self._assumed
