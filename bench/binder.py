@@ -15,17 +15,14 @@ import argparse
 import datetime as dt
 import json
 import os
-import queue
 import shutil
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import pykube
 import requests
@@ -33,7 +30,7 @@ import requests
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.devcluster.harness import OperatorProcess, in_parallel, wait_for
 from cozygpu.devcluster.ports import free_port
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Body, Kube
@@ -44,7 +41,6 @@ UNITS = 8
 CLASS = "bench"
 DEVICES_NS, PODS_NS, WARMUP_NS = "bench-devices", "bench-pods", "bench-warmup"
 CPU_ROWS = ("kube-apiserver", "etcd", "bench")  # bench: this script's clients and watch
-T = TypeVar("T")
 Done = Callable[[Body], bool]
 
 
@@ -67,27 +63,6 @@ class Side:
     @property
     def bind_rate(self) -> float:
         return self.bound / self.bound_in
-
-
-def run_all(kubeconfig: Path, items: Sequence[T], act: Callable[[Kube, T], object], threads: int) -> float:
-    """`act` on every item from `threads` threads, each with its own client; the monotonic time it ended."""
-    work: queue.SimpleQueue[T] = queue.SimpleQueue()
-    for item in items:
-        work.put(item)
-    clients = [Kube.from_kubeconfig(kubeconfig) for _ in range(threads)]
-
-    def drain(kube: Kube) -> None:
-        while True:
-            try:
-                item = work.get_nowait()
-            except queue.Empty:
-                return
-            act(kube, item)
-
-    with ThreadPoolExecutor(threads) as pool:
-        for future in [pool.submit(drain, c) for c in clients]:
-            future.result()
-    return time.monotonic()
 
 
 def cpu_seconds() -> dict[str, float]:
@@ -162,7 +137,7 @@ def measure(
     tally.watching.wait(30)
     before, start = cpu_seconds(), time.monotonic()
     tally.deadline = start + timeout
-    created = run_all(plane.kubeconfig_path, bodies, lambda kube, body: kube.create(kind, body), threads)
+    created = in_parallel(plane.kubeconfig_path, bodies, lambda kube, body: kube.create(kind, body), threads)
     tally.join(max(0.0, tally.deadline - time.monotonic()))
     end = tally.finished_at or time.monotonic()
     after = cpu_seconds()
@@ -207,7 +182,7 @@ def setup(plane: ControlPlane, node_count: int, threads: int) -> float:
     units = {DEVICE_RESOURCE: UNITS, POD_RESOURCE: UNITS}
     start = time.monotonic()
     names = [f"node-{n:05d}" for n in range(node_count)]
-    end = run_all(plane.kubeconfig_path, names, lambda k, name: nodes.create_gpu_node(k, name, units), threads)
+    end = in_parallel(plane.kubeconfig_path, names, lambda k, name: nodes.create_gpu_node(k, name, units), threads)
     return end - start
 
 

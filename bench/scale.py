@@ -11,18 +11,15 @@ Run: `make bench` (or `python bench/scale.py --nodes 500 --devices 5000`); loopb
 from __future__ import annotations
 
 import argparse
-import queue
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.devcluster.harness import OperatorProcess, in_parallel, wait_for
 from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 
@@ -30,24 +27,6 @@ RESOURCE = "example.com/gpu"
 UNITS = 16
 NAMESPACES = 100
 T = TypeVar("T")
-
-
-def in_parallel(kubeconfig: Path, items: Sequence[T], act: Callable[[Kube, T], object], threads: int = 16) -> None:
-    work: queue.SimpleQueue[T] = queue.SimpleQueue()
-    for item in items:
-        work.put(item)
-
-    def drain(kube: Kube) -> None:
-        while True:
-            try:
-                item = work.get_nowait()
-            except queue.Empty:
-                return
-            act(kube, item)
-
-    with ThreadPoolExecutor(threads) as pool:
-        for f in [pool.submit(drain, Kube.from_kubeconfig(kubeconfig)) for _ in range(threads)]:
-            f.result()
 
 
 def rss_mib(pid: int) -> float:

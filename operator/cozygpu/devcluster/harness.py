@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,6 +29,7 @@ from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Conflict, Kube
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 
 class OperatorProcess:
@@ -106,6 +109,29 @@ def logged(
 
     A decision is logged right after its writes land, so a caller that saw the writes waits for the line."""
     return wait_for(f"a {name} log event", lambda: [e for e in process.events(name) if match(e)], timeout)
+
+
+def in_parallel(
+    kubeconfig: Path, items: Sequence[Item], act: Callable[[Kube, Item], object], threads: int = 16
+) -> float:
+    """`act` on every item from `threads` threads, each with its own client (benchmarks filling a cluster);
+    the monotonic time the last one ended."""
+    work: queue.SimpleQueue[Item] = queue.SimpleQueue()
+    for item in items:
+        work.put(item)
+
+    def drain(kube: Kube) -> None:
+        while True:
+            try:
+                item = work.get_nowait()
+            except queue.Empty:
+                return
+            act(kube, item)
+
+    with ThreadPoolExecutor(threads) as pool:
+        for future in [pool.submit(drain, Kube.from_kubeconfig(kubeconfig)) for _ in range(threads)]:
+            future.result()
+    return time.monotonic()
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:
