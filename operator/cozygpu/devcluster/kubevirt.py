@@ -144,13 +144,18 @@ class KubeVirt:
         )
         log.info("devcluster.started", piece="kube-scheduler", pid=proc.pid)
 
-    def _start_virt_api(self, kube: Kube, deadline: float) -> None:
-        certs = self._plane.workdir / "virt-api"
+    def _certs(self, piece: str) -> Path:
+        """A directory with the control plane's CA and a loopback serving pair from it (ca.crt, tls.*)."""
+        certs = self._plane.workdir / piece
         certs.mkdir(exist_ok=True)
         serving = self._plane.ca.serving(["127.0.0.1", "localhost"])
         files = {"ca.crt": self._plane.ca.cert_pem, "tls.crt": serving.cert_pem, "tls.key": serving.key_pem}
         for name, data in files.items():
             (certs / name).write_bytes(data)
+        return certs
+
+    def _start_virt_api(self, kube: Kube, deadline: float) -> None:
+        certs = self._certs("virt-api")
         port = free_port()
         url = f"https://127.0.0.1:{port}"
         kubeconfig = self._token_kubeconfig(kube, API_SA, self._plane.workdir / "virt-api.kubeconfig")
@@ -174,11 +179,7 @@ class KubeVirt:
         log.info("devcluster.started", piece="virt-api", pid=proc.pid, url=url)
 
     def _start_virt_controller(self, kube: Kube, deadline: float) -> None:
-        certs = self._plane.workdir / "virt-controller"
-        certs.mkdir(exist_ok=True)
-        metrics = self._plane.ca.serving(["127.0.0.1"])
-        (certs / "tls.crt").write_bytes(metrics.cert_pem)
-        (certs / "tls.key").write_bytes(metrics.key_pem)
+        certs = self._certs("virt-controller")  # its metrics endpoint serves TLS
         kubeconfig = self._token_kubeconfig(kube, CONTROLLER_SA, self.controller_kubeconfig)
         proc = self._plane.spawn(
             "virt-controller",

@@ -295,11 +295,6 @@ class Binder:
             self._in_flight.release()
         self.touch(*_key(bound))
 
-    async def drain(self) -> None:
-        """Wait until every write in flight is done (tests, shutdown)."""
-        while self._writes:
-            await asyncio.gather(*list(self._writes), return_exceptions=True)
-
     # -- writes ----------------------------------------------------------------
 
     def _post(self, device: GPUDevice, reason: str, message: str) -> None:

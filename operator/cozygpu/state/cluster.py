@@ -53,9 +53,6 @@ class Cluster:
         self._open_requests: dict[str, set[DeviceKey]] = defaultdict(set)
         self._by_attachment: dict[DeviceKey, set[DeviceKey]] = defaultdict(set)  # (namespace, vmi) -> devices
         self._by_class: dict[str, set[DeviceKey]] = defaultdict(set)
-        # Units of Bound devices per node and class (a device's class never changes): free units
-        # per node without summing its devices on every decision.
-        self._held: dict[str, dict[str, int]] = {}
         # Nodes by the resources in their allocatable: placement looks only at nodes that have them.
         self._nodes_by_resource: dict[str, set[str]] = defaultdict(set)
         # VMIs with device references, by (namespace, name): their uid (§6).
@@ -161,8 +158,6 @@ class Cluster:
         if device.status.node_name:
             self._by_node[device.status.node_name].add(key)
         if device.holds_gpus and device.status.node_name:
-            units = self._held.setdefault(device.status.node_name, {})
-            units[device.spec.class_name] = units.get(device.spec.class_name, 0) + device.spec.count
             self._count(key, device)
         self._by_namespace[key[0]].add(key)
         self._by_class[device.spec.class_name].add(key)
@@ -179,13 +174,6 @@ class Cluster:
     def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
         self._unbound.discard(key)
         self._uncount(key)
-        if device.holds_gpus and device.status.node_name:
-            units = self._held[device.status.node_name]
-            units[device.spec.class_name] -= device.spec.count
-            if not units[device.spec.class_name]:
-                del units[device.spec.class_name]
-                if not units:
-                    del self._held[device.status.node_name]
         request = device.status.bind_request
         attached = device.status.attached_to
         if attached is not None:
@@ -272,8 +260,13 @@ class Cluster:
             yield self.devices[key]
 
     def held_by_class(self, node: str) -> dict[str, int]:
-        """Units held on the node by Bound devices, per class name."""
-        return self._held.get(node, {})
+        """Units held on the node by Bound devices, per class name (summed from the node's few devices;
+        decisions read the counters per resource, `held_units`)."""
+        out: dict[str, int] = {}
+        for d in self.devices_on(node):
+            if d.holds_gpus and d.status.node_name == node:
+                out[d.spec.class_name] = out.get(d.spec.class_name, 0) + d.spec.count
+        return out
 
     def nodes_with(self, resources: Iterable[str]) -> list[str]:
         """Names of the nodes whose allocatable names every one of the resources, sorted."""
