@@ -23,11 +23,11 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Body, Kube
 
 RESOURCE = "example.com/bench-gpu"

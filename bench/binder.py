@@ -27,12 +27,12 @@ from pathlib import Path
 import pykube
 import requests
 
+from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, in_parallel, wait_for
 from cozygpu.devcluster.ports import free_port
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Body, Kube
 
 DEVICE_RESOURCE = "example.com/gpu"

@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import TypeVar
 
+from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, in_parallel, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 
 RESOURCE = "example.com/gpu"

@@ -19,11 +19,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
 
 A10 = "nvidia.com/GA102GL_A10"

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
 from tests.helpers import gpu_class_body, stale
 

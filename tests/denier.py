@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cozygpu import tls
-from cozygpu.kube import kinds
+from cozygpu.api import kinds
 from cozygpu.kube.adapter import Kube
 
 DENY_LABEL = "test.cozy/deny"

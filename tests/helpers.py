@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, LABEL_TEMPLATE_DEVICE
 from cozygpu.devcluster.harness import wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Body, Conflict, Kube
 
 A10 = "nvidia.com/GA102GL_A10"

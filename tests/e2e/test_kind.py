@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from cozygpu.api import KINDS, crdgen
-from cozygpu.kube import kinds
+from cozygpu.api import KINDS, crdgen, kinds
 from cozygpu.kube.adapter import Kube
 
 pytestmark = pytest.mark.e2e

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode, Phase
+from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode, Phase, kinds
 from cozygpu.api.names import API_VERSION
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Invalid, Kube
 from tests.helpers import A10, gpu_class_body, gpu_device_body, unique
 

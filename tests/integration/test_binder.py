@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.devcluster import nodes
 from cozygpu.devcluster.harness import (
     OperatorProcess,
@@ -23,7 +24,6 @@ from cozygpu.devcluster.harness import (
     wait_for,
     write_request,
 )
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
 from tests.conftest import Gpu, GPUNodeFactory, start_operator, wait_until_accounted
 from tests.helpers import gpu_class_body, gpu_device_body

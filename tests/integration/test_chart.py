@@ -22,10 +22,10 @@ import pytest
 import yaml
 from cryptography import x509
 
+from cozygpu.api import kinds
 from cozygpu.devcluster import binaries, identity
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.devcluster.ports import free_port
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from cozygpu.runtime import policy, webhooks
 from cozygpu.settings import Settings

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import wait_for
-from cozygpu.kube import kinds
 from tests.helpers import gpu_device_body, vmi_body
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cozygpu.kube import kinds
+from cozygpu.api import kinds
 from cozygpu.kube.adapter import Kube
 
 pytestmark = pytest.mark.integration

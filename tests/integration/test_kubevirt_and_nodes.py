@@ -6,10 +6,10 @@ import subprocess
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import binaries, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Invalid, Kube
 from tests.conftest import GPUNodeFactory
 from tests.helpers import A10

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.devcluster.harness import (
     OperatorProcess,
     answer_of,
@@ -18,7 +19,6 @@ from cozygpu.devcluster.harness import (
     wait_for,
     write_request,
 )
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from tests.conftest import Gpu, GPUNodeFactory, start_operator
 from tests.helpers import unique

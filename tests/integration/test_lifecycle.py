@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.denier import DENY_LABEL, denying_webhook

@@ -6,9 +6,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_device_body, vmi_body

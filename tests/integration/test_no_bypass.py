@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Body, Forbidden, Kube
 from cozygpu.runtime import policy, webhooks
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator

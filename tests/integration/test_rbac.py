@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Forbidden, Kube
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_device_body

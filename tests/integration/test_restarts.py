@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, answer_of, logged, template_device, wait_for, write_request
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from tests.conftest import GPUNodeFactory
 from tests.helpers import gpu_class_body

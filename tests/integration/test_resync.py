@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cozygpu.kube import kinds
+from cozygpu.api import kinds
 from cozygpu.kube.adapter import Kube
 from cozygpu.runtime.app import Operator
 from cozygpu.settings import Settings

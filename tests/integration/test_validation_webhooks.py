@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_class_body, gpu_device_body, unique, update

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
 from cozygpu.devcluster import nodes
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import device_status as status

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Body, Kube
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_device_body, leftovers, vmi_body

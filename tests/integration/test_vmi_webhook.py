@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION
 from cozygpu.devcluster import nodes
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_class_body, gpu_device_body, held, leftovers, refused, unique, vmi_body

@@ -13,8 +13,8 @@ import jsonpatch
 import pytest
 import requests
 
+from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.denier import RELABEL_LABEL, labelling_webhook

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.devcluster import identity
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.helpers import gpu_device_body, update

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from tests.helpers import gpu_class_body
 

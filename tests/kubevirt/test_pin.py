@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.devcluster.kubevirt import LAUNCHER_IMAGE
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Forbidden, Kube
 from tests.kubevirt import vms
 from tests.kubevirt.conftest import Gpu, Nodes

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Kube
 from tests.helpers import gpu_device_body
 from tests.kubevirt import vms

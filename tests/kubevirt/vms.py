@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster.harness import wait_for
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
 
 

@@ -286,3 +286,22 @@ def test_a_gather_is_told_per_moved_device_and_to_the_vm_that_made_the_vmi() -> 
     reference = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "vm", "namespace": "t1", "uid": "u"}
     assert admission.owner_vm(vmi) == reference
     assert admission.owner_vm({"metadata": {"name": "bare"}}) is None
+
+
+def test_an_undo_takes_back_its_own_request_and_the_attachment_it_made() -> None:
+    """§3: a refusal clears exactly what its call wrote: its request, and its attachment while no VMI claimed it."""
+    mine = GPUDevice.from_wire(device("a", status=request("r1", "vm", ["a"], EPOCH)))
+    undone = admission.undone(mine, "vm", "r1", attached_by_us=True)
+    assert undone is not None and undone.status.bind_request is None and undone.status.attached_to is None
+    kept = admission.undone(mine, "vm", "r1", attached_by_us=False)
+    assert kept is not None and kept.status.bind_request is None and kept.status.attached_to is not None
+
+
+def test_an_undo_leaves_what_others_wrote() -> None:
+    """Another call's request, or an attachment a VMI object has claimed (uid recorded), is not this undo's."""
+    theirs = GPUDevice.from_wire(device("a", status=request("r2", "vm", ["a"], EPOCH)))
+    assert admission.undone(theirs, "vm", "r1", attached_by_us=False) is None
+    claimed = request("r1", "vm", ["a"], EPOCH)
+    claimed["attachedTo"]["uid"] = "u1"
+    undone = admission.undone(GPUDevice.from_wire(device("a", status=claimed)), "vm", "r1", attached_by_us=True)
+    assert undone is not None and undone.status.attached_to is not None and undone.status.bind_request is None

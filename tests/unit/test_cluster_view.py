@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cozygpu.state.cluster import Cluster
+from cozygpu.state.cluster import KINDS, Cluster
 from tests.builders import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, request
 
 
@@ -56,12 +56,42 @@ def test_capacity_generation_moves_when_units_may_have_freed() -> None:
     assert c.capacity_generation > g1
 
 
-def test_dirty_nodes_name_every_node_a_change_touches() -> None:
-    """A move marks the old and the new node for the accountant."""
+def test_a_change_names_every_node_it_touches() -> None:
+    """A move names the old and the new node (for the accountant), and the device's namespace."""
     c = cluster(devices=[device("a", phase="Bound", node_name="n1")])
-    c.dirty_nodes.clear()
-    c.upsert_device(device("a", phase="Bound", node_name="n2"))
-    assert c.dirty_nodes == {"n1", "n2"}
+    change = c.apply("GPUDevice", device("a", phase="Bound", node_name="n2"))
+    assert change.stored and change.nodes == {"n1", "n2"} and change.namespaces == {"t1"}
+
+
+def test_a_change_the_view_ignores_says_so_and_touches_nothing() -> None:
+    """An event older than what is stored is not a change: no worker is told of it."""
+    c = Cluster()
+    newer, older = device("a", phase="Bound", node_name="n1"), device("a", phase="Bound", node_name="n2")
+    older["metadata"]["resourceVersion"] = "1"
+    c.apply("GPUDevice", newer)
+    change = c.apply("GPUDevice", older)
+    assert not change.stored and not change.nodes and c.device("t1", "a").status.node_name == "n1"
+
+
+def test_a_deletion_is_a_change_of_what_the_object_touched() -> None:
+    """A DELETED event names the node the device was Bound on; one for an unknown object changes nothing."""
+    c = cluster(devices=[device("a", phase="Bound", node_name="n1")])
+    gone = c.apply("GPUDevice", {"metadata": {"namespace": "t1", "name": "a"}}, deleted=True)
+    assert gone.deleted and gone.stored and gone.nodes == {"n1"}
+    assert not c.apply("GPUDevice", {"metadata": {"namespace": "t1", "name": "a"}}, deleted=True).stored
+
+
+def test_every_watched_kind_has_a_store_in_the_view() -> None:
+    """One kind table: each kind kopf watches and the resync lists can be applied to the view."""
+    c = Cluster()
+    for kind in KINDS:
+        assert c.apply(kind, {"metadata": {"name": "x", "namespace": "t1"}}, deleted=True).kind == kind
+
+
+def test_a_class_change_touches_every_node() -> None:
+    """Any node may start or stop serving a changed class: the change says all nodes."""
+    c = Cluster()
+    assert c.apply("GPUClass", gpu_class("a10", A10)).all_nodes
 
 
 def test_namespaces_always_carry_their_name_label() -> None:
@@ -158,7 +188,7 @@ def test_vmis_are_known_by_uid_and_a_new_one_of_the_name_replaces_the_old() -> N
 
 _ops = st.lists(
     st.tuples(
-        st.sampled_from(["bind", "unbind", "delete", "node"]),
+        st.sampled_from(["bind", "unbind", "delete", "node", "node-gone"]),
         st.integers(0, 5),  # which device (or node)
         st.integers(0, 2),  # which node, or how many units a node gets
     ),
@@ -169,7 +199,8 @@ _ops = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(_ops)
 def test_held_units_and_nodes_by_resource_always_match_a_recount(ops: list[tuple[str, int, int]]) -> None:
-    """The incremental indexes equal what summing every device and scanning every node would give."""
+    """The incremental indexes (held units, nodes by resource, nodes devices name that are gone) equal what
+    summing every device and scanning every node would give."""
     c = cluster(classes=[gpu_class("a10"), gpu_class("l40", L40S)])
     versions = iter(range(1000, 10_000))
     for op, i, j in ops:
@@ -181,6 +212,8 @@ def test_held_units_and_nodes_by_resource_always_match_a_recount(ops: list[tuple
             body = device(name, cls, 1 + i % 3, phase="Pending")
         elif op == "delete":
             c.remove_device("t1", name, resource_version=str(next(versions)))
+        elif op == "node-gone":
+            c.remove_node(f"n{i % 3}", resource_version=str(next(versions)))
         else:
             gpus = {A10: j} if i % 2 else {A10: j, L40S: 1}
             raw = node(f"n{i % 3}", gpus)
@@ -197,6 +230,8 @@ def test_held_units_and_nodes_by_resource_always_match_a_recount(ops: list[tuple
         assert c.held_by_class(n) == dict(recount.get(n, {}))
     for resources in ({A10}, {L40S}, {A10, L40S}):
         assert c.nodes_with(resources) == sorted(n.name for n in c.nodes.values() if resources <= n.allocatable.keys())
+    named = {d.status.node_name for d in c.devices.values() if d.status.node_name}
+    assert c.gone_nodes() == sorted(n for n in named if n not in c.nodes)
 
 
 def _vmi(name: str, uid: str, rv: str) -> dict[str, Any]:

@@ -331,3 +331,18 @@ def pinned(vmi: dict[str, Any], gpus: Sequence[dict[str, str]], node: str | None
         return out
     out["spec"] = pinned_spec(spec, node)
     return out
+
+
+def undone(device: GPUDevice, vmi: str, request_id: str, attached_by_us: bool) -> GPUDevice | None:
+    """The device with what one refused admission wrote taken back: its own request, and the attachment it
+    made if no VMI object has claimed it since (a uid recorded); None when there is nothing of it left."""
+    changes: dict[str, Any] = {}
+    request = device.status.bind_request
+    if request is not None and request.id == request_id:
+        changes["bind_request"] = None
+    attached = device.status.attached_to
+    if attached_by_us and attached is not None and attached.vmi == vmi and attached.uid is None:
+        changes["attached_to"] = None
+    if not changes:
+        return None
+    return device.model_copy(update={"status": device.status.model_copy(update=changes)})

@@ -23,11 +23,10 @@ import requests
 import yaml
 
 from cozygpu import tls
-from cozygpu.api import KINDS, crdgen
+from cozygpu.api import KINDS, crdgen, kinds
 from cozygpu.devcluster import binaries
 from cozygpu.devcluster.kubevirt import KubeVirt
 from cozygpu.devcluster.ports import free_port
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import AlreadyExists, Kube
 
 KUBEVIRT_CRDS = binaries.repo_root() / "tests" / "fixtures" / "kubevirt" / "crds.yaml"

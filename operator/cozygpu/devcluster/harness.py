@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 import requests
 
+from cozygpu.api import kinds
 from cozygpu.api.meta import now
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.ports import free_port
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Conflict, Kube
 
 T = TypeVar("T")

@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 
+from cozygpu.api import kinds
 from cozygpu.devcluster.binaries import repo_root
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import Body, Kube
 
 NAMESPACE = "cozy-gpu-system"

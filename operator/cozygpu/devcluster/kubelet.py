@@ -17,8 +17,8 @@ from typing import Any
 
 import structlog
 
+from cozygpu.api import kinds
 from cozygpu.api.meta import now
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, Body, Kube, NotFound
 
 log = structlog.get_logger("cozygpu.devcluster")

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 import yaml
 
+from cozygpu.api import kinds
 from cozygpu.api.names import KUBEVIRT_API_VERSION
 from cozygpu.devcluster.kubelet import FakeKubelet
 from cozygpu.devcluster.ports import accepts, free_port
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import AlreadyExists, Body, Kube
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cozygpu.kube import kinds
+from cozygpu.api import kinds
 from cozygpu.kube.adapter import Body, Kube
 
 BASE_RESOURCES = {"cpu": "32", "memory": "256Gi", "pods": "110"}

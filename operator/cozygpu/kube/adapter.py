@@ -20,8 +20,8 @@ import pykube
 import pykube.http
 import requests
 
-from cozygpu.kube import kinds as known
-from cozygpu.kube.kinds import Kind
+from cozygpu.api import kinds as known
+from cozygpu.api.kinds import Kind
 
 Body = dict[str, Any]
 

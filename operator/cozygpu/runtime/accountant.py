@@ -1,6 +1,7 @@
 """The accountant (§1.3, §8.3, §1.4, §1.1): keeps GPUNode, GPUBudget and GPUClass status current.
 
-Drains the nodes and namespaces the cluster view marked dirty, computes status with
+Keeps its own queue of the nodes and namespaces the view's changes touched (`changed`),
+computes status with
 `decisions.nodestatus` and `decisions.usestatus`, and writes only what changed:
 creating a GPUNode for a node that starts serving a class, deleting it when nothing
 is left to say.
@@ -9,19 +10,18 @@ is left to say.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 import structlog
 
-from cozygpu.api import ConditionStatus, GPUNode
+from cozygpu.api import ConditionStatus, GPUNode, kinds
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import API_VERSION
 from cozygpu.decisions.budgets import covering_budgets
 from cozygpu.decisions.nodestatus import gpunode_status
 from cozygpu.decisions.usestatus import budget_status, class_status
-from cozygpu.kube import kinds
-from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict, NotFound
-from cozygpu.state.cluster import Cluster
+from cozygpu.kube.adapter import ApiError
+from cozygpu.runtime.writes import Writer
+from cozygpu.state.cluster import Change, Cluster
 
 log = structlog.get_logger("cozygpu.accountant")
 
@@ -34,21 +34,28 @@ BATCH_WINDOW = 0.25
 
 
 class Accountant:
-    def __init__(self, cluster: Cluster, kube: AsyncKube) -> None:
+    def __init__(self, cluster: Cluster, writer: Writer) -> None:
         self._cluster = cluster
-        self._kube = kube
+        self._writer = writer
         self._wake = asyncio.Event()
         self._retry: set[str] = set()
+        # Nodes whose GPUNode status may have changed, namespaces whose budgets' use may have.
+        self._nodes: set[str] = set()
+        self._namespaces: set[str] = set()
 
-    def poke(self) -> None:
+    def changed(self, change: Change) -> None:
+        if change.all_nodes:
+            self._nodes |= set(self._cluster.nodes)
+        self._nodes |= change.nodes
+        self._namespaces |= change.namespaces
         self._wake.set()
 
     async def run(self) -> None:
-        self._cluster.dirty_nodes |= set(self._cluster.nodes) | set(self._cluster.gpunodes)
+        self._nodes |= set(self._cluster.nodes) | set(self._cluster.gpunodes)
         while True:
             self._wake.clear()
-            dirty, self._cluster.dirty_nodes = self._cluster.dirty_nodes | self._retry, set()
-            namespaces, self._cluster.dirty_namespaces = self._cluster.dirty_namespaces, set()
+            dirty, self._nodes = self._nodes | self._retry, set()
+            namespaces, self._namespaces = self._namespaces, set()
             self._retry = set()
             for name in sorted(dirty):
                 try:
@@ -73,8 +80,7 @@ class Accountant:
             status = budget_status(self._cluster, budget, utcnow())
             if status.model_dump(mode="json") == budget.status.model_dump(mode="json"):
                 continue
-            await self._write_status(kinds.GPU_BUDGET, budget.model_copy(update={"status": status}).wire(),
-                                     self._cluster.upsert_budget)  # fmt: skip
+            await self._write_status(kinds.GPU_BUDGET, budget.model_copy(update={"status": status}).wire())
             was = [c.status for c in budget.status.conditions]
             now_over = status.conditions[0]
             if now_over.status is ConditionStatus.TRUE and ConditionStatus.TRUE not in was:
@@ -82,19 +88,16 @@ class Accountant:
         for cls in sorted(self._cluster.classes.values(), key=lambda c: c.name):
             wanted = class_status(self._cluster, cls)
             if wanted.model_dump(mode="json") != cls.status.model_dump(mode="json"):
-                await self._write_status(kinds.GPU_CLASS, cls.model_copy(update={"status": wanted}).wire(),
-                                         self._cluster.upsert_class)  # fmt: skip
+                await self._write_status(kinds.GPU_CLASS, cls.model_copy(update={"status": wanted}).wire())
 
-    async def _write_status(
-        self, kind: kinds.Kind, body: dict[str, object], seen: Callable[[dict[str, object]], None]
-    ) -> None:
+    async def _write_status(self, kind: kinds.Kind, body: dict[str, object]) -> None:
         try:
-            seen(await self._kube.replace_status(kind, body))
-        except (Conflict, NotFound):
-            # Someone wrote first (or it is gone): its watch event marks it dirty again.
-            meta = body["metadata"]
-            assert isinstance(meta, dict)
-            self._cluster.dirty_namespaces.add(str(meta.get("namespace") or ""))
+            if not (await self._writer.replace_status(kind, body)).written:
+                # Someone wrote first (or it is gone): looked at again with what the API has now.
+                meta = body["metadata"]
+                assert isinstance(meta, dict)
+                self._namespaces.add(str(meta.get("namespace") or ""))
+                self._wake.set()
         except ApiError as e:
             log.warning("status.write_failed", kind=kind.kind, error=e.message)
 
@@ -103,32 +106,24 @@ class Accountant:
         status = gpunode_status(self._cluster, name, existing.status.conditions if existing else [], utcnow())
         if status is None:
             if existing is not None:
-                await self._kube.delete(kinds.GPU_NODE, name, uid=existing.metadata.uid)
-                self._cluster.remove_gpunode(name)
+                await self._writer.delete(kinds.GPU_NODE, name, uid=existing.metadata.uid, at_once=True)
                 log.info("gpunode.deleted", node=name)
             return
         if existing is None:
-            try:
-                body = await self._kube.create(
-                    kinds.GPU_NODE, {"apiVersion": API_VERSION, "kind": "GPUNode", "metadata": {"name": name}}
-                )
-            except AlreadyExists:
-                body = await self._kube.get(kinds.GPU_NODE, name)
-            self._cluster.upsert_gpunode(body)
+            body = await self._writer.create(
+                kinds.GPU_NODE,
+                {"apiVersion": API_VERSION, "kind": "GPUNode", "metadata": {"name": name}},
+                existing_ok=True,
+            )
+            if body is None:
+                self._retry.add(name)
+                return
             existing = GPUNode.from_wire(body)
             log.info("gpunode.created", node=name)
         wanted = existing.model_copy(update={"status": status})
         if _comparable(wanted) == _comparable(existing):
             return
-        try:
-            body = await self._kube.replace_status(kinds.GPU_NODE, wanted.wire())
-        except (Conflict, NotFound):
-            fresh = await self._kube.get_or_none(kinds.GPU_NODE, name)
-            if fresh is None:
-                self._cluster.remove_gpunode(name)
-            else:
-                self._cluster.upsert_gpunode(fresh)
+        if not (await self._writer.replace_status(kinds.GPU_NODE, wanted.wire())).written:
             self._retry.add(name)
             return
-        self._cluster.upsert_gpunode(body)
         log.info("gpunode.updated", node=name, summary=status.summary)

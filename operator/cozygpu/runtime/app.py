@@ -1,50 +1,46 @@
-"""The operator process: one cluster view, the binder, the node accountant, the webhooks.
+"""The operator process, as wiring: one cluster view and its door, the one writer, the workers.
 
-`Operator` is what the kopf handlers (runtime.handlers) call: events go into the
-cluster view and wake the executors; `startup` seeds the view with one list per
-kind, learns its own identity, registers webhooks in dev mode, and only then
-reports ready.
+`Operator` is what the kopf handlers (runtime.handlers) call: watch events go through
+the view's door (runtime.view), whose changes wake the workers that subscribed; the
+admission handlers go to the gate (runtime.gate). `startup` seeds the view with a
+resync (runtime.resync), learns its own identity, starts the workers, serves (and in
+dev mode registers) the webhooks (runtime.registration), and only then reports ready.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import copy
 import logging
 import signal
 import socket
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import kopf
 import structlog
 
-from cozygpu.kube import credentials, kinds
-from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
-from cozygpu.runtime import leadership, policy, webhooks
+from cozygpu.kube import credentials
+from cozygpu.kube.adapter import AsyncKube, Kube
+from cozygpu.runtime import leadership, webhooks
 from cozygpu.runtime.accountant import Accountant
 from cozygpu.runtime.binder import Binder
 from cozygpu.runtime.collector import Collector
 from cozygpu.runtime.events import Recorder
+from cozygpu.runtime.gate import Gate
 from cozygpu.runtime.health import HealthServer
 from cozygpu.runtime.metrics import Metrics
-from cozygpu.runtime.pod_webhook import LauncherAdmission, PodRefused
+from cozygpu.runtime.pod_webhook import LauncherAdmission
+from cozygpu.runtime.registration import Registration
 from cozygpu.runtime.reservations import Reservations
-from cozygpu.runtime.validation import Denied, Validation
-from cozygpu.runtime.vmi_webhook import InternalError, Refusal, VMIAdmission
+from cozygpu.runtime.resync import Resync
+from cozygpu.runtime.validation import Validation
+from cozygpu.runtime.view import View
+from cozygpu.runtime.vmi_webhook import VMIAdmission
 from cozygpu.runtime.waiters import Waiters
+from cozygpu.runtime.writes import Writer
 from cozygpu.settings import Settings
-from cozygpu.state.cluster import KINDS, Cluster
+from cozygpu.state.cluster import Change, Cluster
 
 log = structlog.get_logger("cozygpu.operator")
-
-# Every kind the view holds: listed at start-up and on each resync, watched in between.
-WATCHED = KINDS
-# The first resync closes the start-up race between our list and the watch's own.
-FIRST_RESYNC = 5.0
-RESYNC_PAGE = 500
 
 
 def _free_port(host: str) -> int:
@@ -65,27 +61,24 @@ class Operator:
         )
         self.kube = AsyncKube(sync, workers=connections)
         self.cluster = Cluster()
+        self.view = View(self.cluster)
+        self.writer = Writer(self.view, self.kube)
         self.metrics = Metrics(self.cluster)
         self.waiters = Waiters()
         self.reservations = Reservations(ttl=settings.webhook_timeout + 10)
         self.events = Recorder(self.kube)
-        self.accountant = Accountant(self.cluster, self.kube)
+        self.accountant = Accountant(self.cluster, self.writer)
         self.binder = Binder(
             self.cluster,
-            self.kube,
+            self.writer,
             incomplete_after=settings.bind_timeout,
-            on_write=self._written,
+            concurrency=connections,
             reserved=self.reservations.orders,
             events=self.events,
             metrics=self.metrics,
         )
         self.collector = Collector(
-            self.cluster,
-            self.kube,
-            self.events,
-            grace=settings.grace_period,
-            sweep_interval=settings.sweep_interval,
-            on_write=self._written,
+            self.cluster, self.writer, self.events, grace=settings.grace_period, sweep_interval=settings.sweep_interval
         )
         self.vmis = VMIAdmission(
             self.cluster,
@@ -93,18 +86,29 @@ class Operator:
             self.waiters,
             self.reservations,
             bind_timeout=settings.bind_timeout,
-            seen=self._seen,
+            writer=self.writer,
             events=self.events,
         )
         self.validation = Validation(self.cluster, self.reservations)
-        self.launchers = LauncherAdmission(self.cluster, settings.kubevirt_controller_user)
+        self.gate = Gate(
+            self.vmis,
+            LauncherAdmission(self.cluster, settings.kubevirt_controller_user),
+            self.validation,
+            self.metrics,
+            synced=lambda: self.synced,
+        )
+        self._resync = Resync(self.view, self.kube)
+        self.registration = Registration(settings, self.kube)
         self.health = HealthServer(settings.health_host, settings.health_port, self.readiness, self.metrics.render)
-        self.serving: webhooks.Serving | None = None
         self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
         self._not_leading = "not the leader yet"
         self.synced = False
-        self.webhooks_ready = settings.webhook_mode == "off"
         self._tasks: list[asyncio.Task[None]] = []
+        # Who hears of which changes: each worker keeps its own queue from them.
+        self.view.subscribe(self._device_seen, "GPUDevice")
+        self.view.subscribe(self.collector.changed, "GPUDevice", "VirtualMachineInstance", "GPUClass")
+        self.view.subscribe(self.accountant.changed)
+        self.view.subscribe(self._wake)
 
     # -- readiness ---------------------------------------------------------
 
@@ -113,7 +117,7 @@ class Operator:
             return False, self._not_leading
         if not self.synced:
             return False, "the cluster view has not synced yet"
-        if not self.webhooks_ready:
+        if not self.registration.ready:
             return False, "the admission webhooks are not serving yet"
         for task in self._tasks:
             if task.done():
@@ -123,115 +127,18 @@ class Operator:
     # -- events --------------------------------------------------------------
 
     def on_event(self, kind: str, event: dict[str, Any]) -> None:
-        body = event.get("object") or {}
-        meta = body.get("metadata", {})
-        name, namespace = meta.get("name", ""), meta.get("namespace", "")
-        rv = meta.get("resourceVersion")  # a removal's version keeps late echoes of our writes out
-        deleted = event.get("type") == "DELETED"
-        c = self.cluster
-        match kind:
-            case "GPUDevice":
-                if deleted:
-                    c.remove_device(namespace, name, rv)
-                else:
-                    c.upsert_device(body)
-                    self.reservations.seen(namespace, name)
-                    self.collector.touch_device(namespace, name)
-                    self.binder.touch(namespace, name)
-            case "GPUClass":
-                c.remove_class(name, rv) if deleted else c.upsert_class(body)
-                self.collector.touch_class(name)
-            case "VirtualMachineInstance":
-                c.remove_vmi(namespace, name, rv) if deleted else c.upsert_vmi(body)
-                self.collector.touch_vmi(namespace, name)
-            case "GPUBudget":
-                c.remove_budget(namespace, name, rv) if deleted else c.upsert_budget(body)
-            case "GPUNode":
-                c.remove_gpunode(name, rv) if deleted else c.upsert_gpunode(body)
-            case "Node":
-                c.remove_node(name, rv) if deleted else c.upsert_node(body)
-            case "Namespace":
-                c.remove_namespace(name, rv) if deleted else c.upsert_namespace(body)
-            case "KubeVirt":
-                c.remove_kubevirt(namespace, name, rv) if deleted else c.upsert_kubevirt(body)
+        """A watch event of a watched kind, from kopf."""
+        self.view.event(kind, event)
+
+    def _device_seen(self, change: Change) -> None:
+        if not change.deleted:
+            self.reservations.seen(change.namespace, change.name)
+
+    def _wake(self, change: Change) -> None:
+        """Once synced, any change may let the binder decide and answer a waiting admission."""
         if self.synced:
-            self.binder.poke()
-            self.accountant.poke()
+            self.binder.changed(change)
             self.waiters.notify()
-
-    def _written(self) -> None:
-        self.accountant.poke()
-        self.waiters.notify()
-
-    def _seen(self, body: dict[str, Any]) -> None:
-        """A device the webhook wrote: into the view at once, and the binder woken."""
-        self.cluster.upsert_device(body)
-        meta = body.get("metadata", {})
-        self.binder.touch(meta.get("namespace", ""), meta.get("name", ""))
-        self.waiters.notify()
-
-    # -- admission -------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _timed(self, webhook: str) -> Iterator[None]:
-        """Observe the admission's latency by outcome: allowed, denied (403) or error."""
-        started, result = time.monotonic(), "allowed"
-        try:
-            yield
-        except kopf.AdmissionError as e:
-            result = "denied" if e.code == 403 else "error"
-            raise
-        except Exception:
-            result = "error"
-            raise
-        finally:
-            self.metrics.admission.labels(webhook, result).observe(time.monotonic() - started)
-
-    async def mutate_vmi(self, body: dict[str, Any], patch: kopf.Patch, dry_run: bool) -> None:
-        with self._timed(webhooks.VMI_HOOK):
-            try:
-                admitted = await self.vmis.admit(body, dry_run)
-            except Refusal as e:
-                raise kopf.AdmissionError(str(e), code=403) from None
-            except InternalError as e:
-                raise kopf.AdmissionError(f"the GPU operator could not check the VMI: {e}", code=500) from None
-        if admitted is not body:
-            patch.fns.append(lambda target: _replace(target, admitted))
-
-    def mutate_pod(self, body: dict[str, Any], patch: kopf.Patch, user: str) -> None:
-        with self._timed(webhooks.POD_HOOK):
-            if not self.synced:
-                # Decided from the view alone: none yet, so fail closed and let KubeVirt retry.
-                raise kopf.AdmissionError("the GPU operator has not synced its view yet", code=500)
-            try:
-                admitted = self.launchers.admit(body, user)
-            except PodRefused as e:
-                raise kopf.AdmissionError(str(e), code=403) from None
-        if admitted is not body:
-            patch.fns.append(lambda target: _replace(target, admitted))
-
-    async def validate_device(
-        self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None, user: str, dry_run: bool
-    ) -> None:
-        with self._timed(webhooks.DEVICE_HOOK):
-            try:
-                await self.validation.device(operation, new, old, user, dry_run)
-            except Denied as e:
-                raise kopf.AdmissionError(str(e), code=403) from None
-
-    def validate_class(self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
-        with self._timed(webhooks.CLASS_HOOK):
-            try:
-                self.validation.gpu_class(operation, new, old)
-            except Denied as e:
-                raise kopf.AdmissionError(str(e), code=403) from None
-
-    def validate_budget(self, new: dict[str, Any] | None, warnings: list[str]) -> None:
-        with self._timed(webhooks.BUDGET_HOOK):
-            try:
-                self.validation.budget(new, warnings)
-            except Denied as e:
-                raise kopf.AdmissionError(str(e), code=403) from None
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -247,8 +154,8 @@ class Operator:
         if mode == "dev":
             host = "127.0.0.1"
             port = self.settings.webhook_port or _free_port(host)
-            self.serving = webhooks.dev_serving(host, port)
-            settings.admission.server = self.serving.server
+            self.registration.serving = webhooks.dev_serving(host, port)
+            settings.admission.server = self.registration.serving.server
         elif mode == "cluster":
             settings.admission.server = webhooks.cluster_serving(
                 self.settings.webhook_host, self.settings.webhook_port or 9443, self.settings.webhook_cert_dir
@@ -264,14 +171,15 @@ class Operator:
         self._tasks = [
             asyncio.create_task(self.accountant.run(), name="accountant"),
             asyncio.create_task(self.collector.run(), name="collector"),
-            asyncio.create_task(self._resync_every(self.settings.sweep_interval), name="resync"),
+            asyncio.create_task(self._resync.every(self.settings.sweep_interval), name="resync"),
         ]
         if self.leadership is not None:
             self._tasks.append(asyncio.create_task(self.leadership.hold(), name="leadership"))
         if self.settings.binder:
             self._tasks.append(asyncio.create_task(self.binder.run(), name="binder"))
         if self.settings.webhook_mode != "off":
-            self._tasks.append(asyncio.create_task(self._serve_webhooks(), name="webhooks"))
+            serve = self.registration.serve(self.validation.operator_user)
+            self._tasks.append(asyncio.create_task(serve, name="webhooks"))
         log.info(
             "operator.synced",
             devices=len(self.cluster.devices),
@@ -282,73 +190,8 @@ class Operator:
         )
 
     async def resync(self) -> int:
-        """List every kind and make the view agree (§6.4); returns how many objects it had lost track of.
-
-        Listed objects go in as events (older versions are ignored); what the view holds at a version
-        no newer than the list but the list lacks was removed where no watch event said so, and is
-        removed here the way a DELETED event would remove it (a VMI's devices are detached, say)."""
-        forgotten, started, skipped = 0, time.monotonic(), 0
-        for kind in WATCHED:
-            listed: set[Any] = set()
-            version, after = "", ""
-            while True:
-                # Pages, and the event loop's turn between them: a resync of 50,000 devices must not hold up
-                # admissions (§13.3), nor hold every object of a kind in memory at once.
-                items, version, after = await self.kube.list_page(kinds.kind(kind), RESYNC_PAGE, after)
-                for item in items:
-                    key = _key(kind, item)
-                    listed.add(key)
-                    if self.cluster.holds(kind, key, item.get("metadata", {}).get("resourceVersion")):
-                        skipped += 1  # what the view has at this very version needs no second reading
-                        continue
-                    self.on_event(kind, {"type": None, "object": item})
-                await asyncio.sleep(0)
-                if not after:
-                    break
-            for key in self.cluster.missing(kind, listed, version):
-                namespace, name = key if isinstance(key, tuple) else ("", key)
-                gone = {"metadata": {"name": name, "namespace": namespace, "resourceVersion": version}}
-                self.on_event(kind, {"type": "DELETED", "object": gone})
-                log.info("view.forgot", kind=kind, namespace=namespace or None, name=name)
-                forgotten += 1
-        log.info("view.resynced", forgotten=forgotten, unchanged=skipped,
-                 duration_ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
-        return forgotten
-
-    async def _resync_every(self, interval: float) -> None:
-        await asyncio.sleep(min(FIRST_RESYNC, interval))
-        while True:
-            try:
-                await self.resync()
-            except ApiError as e:
-                log.warning("view.resync_failed", error=e.message)
-            await asyncio.sleep(interval)
-
-    async def _serve_webhooks(self) -> None:
-        """Wait until kopf's server accepts connections, register (dev), then report ready."""
-        host, port = (
-            ("127.0.0.1", self.serving.server.port)
-            if self.serving is not None
-            else ("127.0.0.1", self.settings.webhook_port or 9443)
-        )
-        while True:
-            try:
-                _, writer = await asyncio.open_connection(host, port)
-                writer.close()
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
-        if self.serving is not None:
-            for config in webhooks.configurations(
-                self.serving.url, self.serving.ca_bundle, self.settings.webhook_timeout, self.validation.operator_user
-            ):
-                kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
-                await self.kube.put_object(kind, config)
-            await self.kube.put_object(kinds.POLICY, policy.policy(self.settings.kubevirt_controller_user))
-            await self.kube.put_object(kinds.POLICY_BINDING, policy.binding())
-            log.info("webhooks.registered", url=self.serving.url, policy=policy.NAME)
-        self.webhooks_ready = True
-        await asyncio.Event().wait()  # keeps readiness honest: a stopped task turns it off
+        """List every kind and make the view agree (§6.4); returns how many objects it had lost track of."""
+        return await self._resync.once()
 
     def _waiting(self, why: str) -> None:
         if why != self._not_leading:
@@ -369,16 +212,7 @@ class Operator:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.leadership is not None:
             await self.leadership.release()
-        if self.serving is not None:
-            registered = ((kinds.MUTATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
-                          (kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
-                          (kinds.POLICY_BINDING, policy.NAME), (kinds.POLICY, policy.NAME))  # fmt: skip
-            for kind, name in registered:
-                try:
-                    await self.kube.delete(kind, name)
-                except ApiError as e:
-                    log.warning("webhooks.unregister_failed", error=e.message)
-            log.info("webhooks.unregistered")
+        await self.registration.unregister()
         await self.health.stop()
         self.kube.close()
         log.info("operator.stopped")
@@ -399,14 +233,3 @@ class Operator:
             insecure=conn.insecure,
             default_namespace=conn.namespace,
         )
-
-
-def _key(kind: str, body: dict[str, Any]) -> Any:
-    meta = body.get("metadata", {})
-    namespaced = kinds.kind(kind).namespaced
-    return (meta.get("namespace", ""), meta.get("name", "")) if namespaced else meta.get("name", "")
-
-
-def _replace(target: Any, admitted: dict[str, Any]) -> None:
-    target.clear()
-    target.update(copy.deepcopy(admitted))

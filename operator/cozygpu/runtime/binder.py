@@ -1,9 +1,9 @@
 """The binder (§4, §5): the one writer of phase, nodeName and bindRequest.result.
 
 One task decides one thing at a time from the cluster view, so two decisions never
-spend the same free unit; each write's response goes straight back into the view,
-so a decision counts before its watch event arrives. Woken by `poke()` whenever an
-event may matter; it never polls the API.
+spend the same free unit; each decision counts in the view at once (assumed) and is
+written in the background through the one writer (runtime.writes). Woken by the
+view's changes (`changed`); it never polls the API.
 """
 
 from __future__ import annotations
@@ -17,18 +17,17 @@ from typing import Any
 
 import structlog
 
-from cozygpu.api import GPUDevice, Phase
+from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.meta import now as utcnow
-from cozygpu.api.names import LABEL_TEMPLATE_DEVICE, TRUE
 from cozygpu.decisions import transitions
 from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.placement import NoPlacement, Placement, place
 from cozygpu.decisions.requests import Answer, Wait, assess
-from cozygpu.kube import kinds
-from cozygpu.kube.adapter import AsyncKube, Conflict, NotFound
+from cozygpu.decisions.waiting import in_turn, lost, placeable
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
-from cozygpu.state.cluster import Cluster, DeviceKey
+from cozygpu.runtime.writes import Writer
+from cozygpu.state.cluster import Change, Cluster, DeviceKey
 
 log = structlog.get_logger("cozygpu.binder")
 
@@ -41,19 +40,18 @@ class Binder:
     def __init__(
         self,
         cluster: Cluster,
-        kube: AsyncKube,
+        writer: Writer,
         *,
         incomplete_after: float,
-        on_write: Callable[[], None] = lambda: None,
+        concurrency: int,
         clock: Callable[[], dt.datetime] = utcnow,
         reserved: Callable[[], Sequence[Order]] = tuple,
         events: Recorder | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self._cluster = cluster
-        self._kube = kube
+        self._writer = writer
         self._incomplete_after = dt.timedelta(seconds=incomplete_after)
-        self._on_write = on_write
         self._clock = clock
         self._reserved = reserved
         self._events = events
@@ -64,14 +62,19 @@ class Binder:
         # Devices with events since the last pass, and the generation of the last full pass.
         self._fresh: set[DeviceKey] = set()
         self._passed_at = -1
-        # Assumptions whose write had an unknown outcome and whose fresh read failed too: read again.
-        self._doubtful: dict[DeviceKey, int] = {}
         # Writes in flight, bounded so decisions never run far ahead of the API, and to half the
         # client's pool: admissions, the accountant and the collector get the other half.
-        self._in_flight = asyncio.Semaphore(max(1, kube.workers // 2))
+        self._in_flight = asyncio.Semaphore(max(1, concurrency // 2))
         self._writes: set[asyncio.Task[None]] = set()
 
     def poke(self) -> None:
+        self._wake.set()
+
+    def changed(self, change: Change) -> None:
+        """A change in the view: a device may be new in the waiting room (decided on the next pass without a
+        full one), and anything may free room or answer a request."""
+        if change.kind == "GPUDevice" and not change.deleted:
+            self._fresh.add((change.namespace, change.name))
         self._wake.set()
 
     async def run(self) -> None:
@@ -96,9 +99,8 @@ class Binder:
 
     async def step(self) -> bool:
         """One pass over everything undecided; True when a request is still being written."""
-        for key, token in list(self._doubtful.items()):
-            await self._refresh(*key, token)
-        waiting = await self._answer_requests() or bool(self._doubtful)
+        await self._writer.recheck()
+        waiting = await self._answer_requests() or self._writer.doubtful
         await self._mark_lost()
         await self._place_waiting()
         return waiting
@@ -201,28 +203,11 @@ class Binder:
 
         Derived from the view on every pass, not from the deletion event: a Lost write that
         lost a conflict (the collector writing the same device) is simply tried again."""
-        gone = [n for n in self._cluster.nodes_named_by_devices() if n not in self._cluster.nodes]
-        for node in sorted(gone):
-            for device in list(self._cluster.devices_on(node)):
-                if device.holds_gpus and device.status.node_name == node:
-                    why = f"node {node} is gone"
-                    if await self._write(transitions.lost(device, why, self._clock())):
-                        log.info("device.lost", namespace=device.namespace, device=device.name, node=node)
-                        self._post(device, "Lost", why)
-
-    def _placeable(self, device: GPUDevice) -> bool:
-        request = device.status.bind_request
-        if device.deleting or (request is not None and request.result is None):
-            return False
-        if device.status.phase is None and device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) == TRUE:
-            return False  # a template device belongs to its VMI's admission
-        # §2: a Lost device still attached waits until its VMI is gone.
-        return not (device.status.phase is Phase.LOST and device.status.attached_to is not None)
-
-    def touch(self, namespace: str, name: str) -> None:
-        """A device event: it may be new in the waiting room (decided on the next pass without a full one)."""
-        self._fresh.add((namespace, name))
-        self._wake.set()
+        for device, node in list(lost(self._cluster)):
+            why = f"node {node} is gone"
+            if await self._write(transitions.lost(device, why, self._clock())):
+                log.info("device.lost", namespace=device.namespace, device=device.name, node=node)
+                self._post(device, "Lost", why)
 
     async def _place_waiting(self) -> None:
         """§5.5 first come first served, with the writes pipelined (§13.1).
@@ -242,10 +227,7 @@ class Binder:
         else:
             fresh, self._fresh = self._fresh, set()
             candidates = [d for k in fresh if (d := self._cluster.device(*k)) is not None and not d.holds_gpus]
-        now = self._clock()
-        waiting = [d for d in candidates if self._placeable(d)]
-        waiting.sort(key=lambda d: (d.metadata.creation_timestamp or now, self._cluster.arrival(*_key(d)), *_key(d)))
-        for device in waiting:
+        for device in in_turn(self._cluster, candidates, self._clock()):
             if self._cluster.capacity_generation != generation:
                 # Room appeared while a write yielded: oldest first again, or a newer device takes it.
                 self._wake.set()
@@ -255,7 +237,7 @@ class Binder:
     async def _decide(self, device: GPUDevice, generation: int) -> None:
         key = _key(device)
         current = self._cluster.device(*key)
-        if current is None or self._cluster.assumed(*key) or not self._placeable(current):
+        if current is None or self._cluster.assumed(*key) or not placeable(current):
             return
         if current.status.phase is not None and self._tried_at.get(key) == generation:
             return
@@ -263,7 +245,7 @@ class Binder:
         await self._in_flight.acquire()
         current = self._cluster.device(*key)
         stale = self._cluster.capacity_generation != generation  # room appeared: the oldest decide first
-        if stale or current is None or self._cluster.assumed(*key) or not self._placeable(current):
+        if stale or current is None or self._cluster.assumed(*key) or not placeable(current):
             self._in_flight.release()
             return
         outcome = place(self._cluster, [current])
@@ -293,7 +275,8 @@ class Binder:
             log.warning("binder.write_failed", namespace=bound.namespace, device=bound.name, error=str(e))
         finally:
             self._in_flight.release()
-        self.touch(*_key(bound))
+        self._fresh.add(_key(bound))
+        self._wake.set()
 
     # -- writes ----------------------------------------------------------------
 
@@ -302,44 +285,7 @@ class Binder:
             self._events.post(device, reason, message)
 
     async def _write(self, device: GPUDevice, *, token: int | None = None) -> bool:
-        """Replace the device's status under its resourceVersion; False when someone wrote first.
-
-        `token`: the view already counts this write (`Cluster.assume_device`); whatever the outcome,
-        the API's answer or a fresh read replaces the assumption."""
-        namespace = device.namespace or ""
-        try:
-            body = await self._kube.replace_status(kinds.GPU_DEVICE, device.wire())
-        except (Conflict, NotFound):
-            await self._refresh(namespace, device.name, token)
-            return False
-        except Exception:
-            if token is not None:  # an unknown outcome: what the API has now is the truth
-                await self._refresh(namespace, device.name, token)
-            raise
-        if token is not None:
-            self._cluster.settle_device(namespace, device.name, token)
-        self._cluster.upsert_device(body)
-        self._on_write()
-        return True
-
-    async def _refresh(self, namespace: str, name: str, token: int | None) -> None:
-        """Read the device fresh and put it in the view, the assumption `token` settled in the same step: no
-        one sees the view without the assumption before the API's version is in. If the read fails too, the
-        assumption stays (its units stay counted) and the next pass reads again."""
-        key = (namespace, name)
-        try:
-            fresh = await self._kube.get_or_none(kinds.GPU_DEVICE, name, namespace)
-        except Exception as e:
-            if token is not None:
-                self._doubtful[key] = token
-            log.warning("binder.refresh_failed", namespace=namespace, device=name, error=str(e))
-            return
-        self._doubtful.pop(key, None)
-        if token is not None and not self._cluster.settle_device(namespace, name, token):
-            return  # another decision of ours is in flight on it now: its write settles it
-        if fresh is None:
-            self._cluster.remove_device(namespace, name)
-        else:
-            self._cluster.upsert_device(fresh)
-        self._on_write()
-        self.touch(namespace, name)
+        """Replace the device's status under its resourceVersion; False when someone wrote first (the view
+        holds their version then). `token`: the view already counts this write (`Cluster.assume_device`)."""
+        outcome = await self._writer.replace_status(kinds.GPU_DEVICE, device.wire(), assumption=token)
+        return outcome.written

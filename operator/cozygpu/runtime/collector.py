@@ -1,7 +1,8 @@
 """The collector (§6): attachments, ownership, finalizers and garbage, kept right.
 
-Event-driven: the Operator marks the devices a VMI, device or class event touches and
-the collector applies `decisions.lifecycle` to them at once. Time-driven where the
+Event-driven: the view's changes (`changed`) mark the devices a VMI, device or class
+event touches and the collector applies `decisions.lifecycle` to them at once, writing
+through the one writer (runtime.writes). Time-driven where the
 design is: it wakes when the earliest grace period runs out. And a full sweep every
 sweep interval catches whatever a restart or a watch gap hid (§6.4).
 """
@@ -12,20 +13,19 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
-from collections.abc import Callable
 
 import structlog
 
-from cozygpu.api import GPUClass, GPUDevice
+from cozygpu.api import GPUClass, GPUDevice, kinds
 from cozygpu.api.meta import OwnerReference
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import FINALIZER_IN_USE, KUBEVIRT_API_VERSION
 from cozygpu.decisions import lifecycle
 from cozygpu.decisions.lifecycle import Action, Do
-from cozygpu.kube import kinds
-from cozygpu.kube.adapter import ApiError, AsyncKube, Conflict, NotFound
+from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.events import Recorder
-from cozygpu.state.cluster import Cluster, DeviceKey
+from cozygpu.runtime.writes import Writer
+from cozygpu.state.cluster import Change, Cluster, DeviceKey
 
 log = structlog.get_logger("cozygpu.collector")
 
@@ -36,19 +36,17 @@ class Collector:
     def __init__(
         self,
         cluster: Cluster,
-        kube: AsyncKube,
+        writer: Writer,
         events: Recorder,
         *,
         grace: float,
         sweep_interval: float,
-        on_write: Callable[[], None] = lambda: None,
     ) -> None:
         self._cluster = cluster
-        self._kube = kube
+        self._writer = writer
         self._events = events
         self._grace = dt.timedelta(seconds=grace)
         self._sweep_interval = sweep_interval
-        self._on_write = on_write
         self._dirty: set[DeviceKey] = set()
         self._dirty_classes: set[str] = set()
         self._wake = asyncio.Event()
@@ -56,6 +54,16 @@ class Collector:
         self._due: dict[DeviceKey, dt.datetime] = {}
 
     # -- what events touch ---------------------------------------------------
+
+    def changed(self, change: Change) -> None:
+        """A change of a device, a VMI or a class: what it touches is looked at on the next pass."""
+        match change.kind:
+            case "GPUDevice":
+                self.touch_device(change.namespace, change.name)
+            case "VirtualMachineInstance":
+                self.touch_vmi(change.namespace, change.name)
+            case "GPUClass":
+                self.touch_class(change.name)
 
     def touch_device(self, namespace: str, name: str) -> None:
         self._dirty.add((namespace, name))
@@ -127,16 +135,10 @@ class Collector:
                 log.info(
                     f"device.{action.do.value}", namespace=key[0], device=key[1], reason=action.reason, uid=action.uid
                 )
-        except Conflict:
-            fresh = await self._kube.get_or_none(kinds.GPU_DEVICE, key[1], key[0])
-            if fresh is None:
-                self._cluster.remove_device(*key)
-            else:
-                self._cluster.upsert_device(fresh)
+        except _Raced:
+            # Someone wrote first: the view holds their version now, and the next pass looks again.
             self._dirty.add(key)
             self._wake.set()
-        except NotFound:
-            self._cluster.remove_device(*key)
         except ApiError as e:
             log.warning("collector.write_failed", namespace=key[0], device=key[1], error=e.message)
 
@@ -150,9 +152,8 @@ class Collector:
                     device, finalizers=[f for f in meta.finalizers if f != FINALIZER_IN_USE]
                 )
             if target is not None:  # None: dropping the finalizer already finished a deletion
-                gone = not await self._kube.delete(kinds.GPU_DEVICE, target.name, namespace, uid=target.metadata.uid)
-                if gone:  # deleted before we got to it, and the view missed it (a watch gap): forget it
-                    self._cluster.remove_device(namespace, target.name)
+                # Gone before we got to it (the view missed it in a watch gap): the writer forgets it.
+                await self._writer.delete(kinds.GPU_DEVICE, target.name, namespace, uid=target.metadata.uid)
             self._events.post(device, "Released", f"deleted: {action.reason}")
             return None
         if action.do in METADATA:
@@ -176,21 +177,21 @@ class Collector:
             status = status.model_copy(update={"attached_to": None, "bind_request": None})
         elif action.do is Do.CLEAR_REQUEST:
             status = status.model_copy(update={"bind_request": None})
-        body = await self._kube.replace_status(kinds.GPU_DEVICE, device.model_copy(update={"status": status}).wire())
+        outcome = await self._writer.replace_status(
+            kinds.GPU_DEVICE, device.model_copy(update={"status": status}).wire()
+        )
+        if not outcome.written:
+            raise _Raced
         if action.do is Do.DETACH:
             self._events.post(device, "Released", action.reason)
-        return self._seen(body)
+        return self._cluster.device(namespace, device.name)
 
     async def _write_meta(self, device: GPUDevice, **changes: object) -> GPUDevice | None:
+        """The device as the view has it after the write; None when the write finished a deletion."""
         updated = device.model_copy(update={"metadata": device.metadata.model_copy(update=changes)})
-        body = await self._kube.replace(kinds.GPU_DEVICE, updated.wire())
-        return self._seen(body)
-
-    def _seen(self, body: dict[str, object]) -> GPUDevice | None:
-        """The write's response into the view; None when the device was removed meanwhile."""
-        stored = self._cluster.upsert_device(body)
-        self._on_write()
-        return stored
+        if not (await self._writer.replace(kinds.GPU_DEVICE, updated.wire())).written:
+            raise _Raced
+        return self._cluster.device(device.namespace or "", device.name)
 
     # -- classes --------------------------------------------------------------
 
@@ -203,18 +204,16 @@ class Collector:
             finalizers.append(FINALIZER_IN_USE)
         updated = cls.model_copy(update={"metadata": cls.metadata.model_copy(update={"finalizers": finalizers})})
         try:
-            body = await self._kube.replace(kinds.GPU_CLASS, updated.wire())
-        except (Conflict, NotFound):
-            self._dirty_classes.add(cls.name)
-            fresh = await self._kube.get_or_none(kinds.GPU_CLASS, cls.name)
-            if fresh is None:
-                self._cluster.remove_class(cls.name)
-            else:
-                self._cluster.upsert_class(fresh)
-            return
+            outcome = await self._writer.replace(kinds.GPU_CLASS, updated.wire())
         except ApiError as e:
             # Say so and go on with the rest of the pass; the next sweep tries again.
             log.warning("collector.write_failed", gpuclass=cls.name, error=e.message)
             return
-        self._cluster.upsert_class(body)
+        if not outcome.written:
+            self._dirty_classes.add(cls.name)  # someone wrote first: looked at again with their version
+            return
         log.info(f"class.{action.value}", gpuclass=cls.name)
+
+
+class _Raced(Exception):
+    """Someone wrote the device first; the view has their version."""

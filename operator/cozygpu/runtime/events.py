@@ -11,10 +11,9 @@ from typing import Any
 
 import structlog
 
-from cozygpu.api import GPUDevice
+from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.meta import now
 from cozygpu.api.names import API_VERSION
-from cozygpu.kube import kinds
 from cozygpu.kube.adapter import ApiError, AsyncKube
 
 log = structlog.get_logger("cozygpu.events")

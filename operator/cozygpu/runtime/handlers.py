@@ -12,22 +12,11 @@ from typing import Any
 
 import kopf
 
+from cozygpu.api import kinds
 from cozygpu.api.names import GROUP, KUBEVIRT_GROUP, KUBEVIRT_VERSION, VERSION
 from cozygpu.runtime import webhooks
 from cozygpu.runtime.app import Operator
 from cozygpu.settings import Settings
-
-# kind -> (group, version, plural) as kopf selects resources.
-RESOURCES = {
-    "GPUClass": (GROUP, VERSION, "gpuclasses"),
-    "GPUDevice": (GROUP, VERSION, "gpudevices"),
-    "GPUBudget": (GROUP, VERSION, "gpubudgets"),
-    "GPUNode": (GROUP, VERSION, "gpunodes"),
-    "Node": ("", "v1", "nodes"),
-    "Namespace": ("", "v1", "namespaces"),
-    "KubeVirt": (KUBEVIRT_GROUP, KUBEVIRT_VERSION, "kubevirts"),
-    "VirtualMachineInstance": (KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachineinstances"),
-}
 
 
 async def run(settings: Settings, stop_flag: asyncio.Event | None = None) -> None:
@@ -52,8 +41,8 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     def login(**kwargs: Any) -> kopf.ConnectionInfo:
         return operator.login(kwargs)
 
-    for kind, (group, version, plural) in RESOURCES.items():
-        _observe(registry, operator, kind, (group, version, plural))
+    for kind in kinds.WATCHED:
+        _observe(registry, operator, kind)
 
     if operator.settings.webhook_mode == "off":
         return
@@ -61,34 +50,32 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     @kopf.on.mutate(KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachineinstances", id=webhooks.VMI_HOOK,
                     registry=registry, operations=["CREATE"], side_effects=True)  # fmt: skip
     async def vmi(body: kopf.Body, patch: kopf.Patch, dryrun: bool, **_: Any) -> None:
-        await operator.mutate_vmi(_raw(body), patch, dryrun)
+        await operator.gate.mutate_vmi(_raw(body), patch, dryrun)
 
     @kopf.on.mutate("", "v1", "pods", id=webhooks.POD_HOOK, registry=registry, operations=["CREATE"])
     async def pod(body: kopf.Body, patch: kopf.Patch, userinfo: kopf.UserInfo, **_: Any) -> None:
-        operator.mutate_pod(_raw(body), patch, str(userinfo.get("username", "")))
+        operator.gate.mutate_pod(_raw(body), patch, str(userinfo.get("username", "")))
 
     @kopf.on.validate(GROUP, VERSION, "gpudevices", id=webhooks.DEVICE_HOOK, registry=registry)
     async def gpudevice(userinfo: kopf.UserInfo, dryrun: bool, **kw: Any) -> None:
         user = str(userinfo.get("username", ""))
-        await operator.validate_device(kw["operation"], _raw(kw["new"]), _raw(kw["old"]), user, dryrun)
+        await operator.gate.validate_device(kw["operation"], _raw(kw["new"]), _raw(kw["old"]), user, dryrun)
 
     @kopf.on.validate(GROUP, VERSION, "gpuclasses", id=webhooks.CLASS_HOOK, registry=registry)
     async def gpuclass(**kw: Any) -> None:
-        operator.validate_class(kw["operation"], _raw(kw["new"]), _raw(kw["old"]))
+        operator.gate.validate_class(kw["operation"], _raw(kw["new"]), _raw(kw["old"]))
 
     @kopf.on.validate(GROUP, VERSION, "gpubudgets", id=webhooks.BUDGET_HOOK, registry=registry)
     async def gpubudget(warnings: list[str], **kw: Any) -> None:
-        operator.validate_budget(_raw(kw["new"]), warnings)
+        operator.gate.validate_budget(_raw(kw["new"]), warnings)
 
 
 def _raw(body: kopf.Body | None) -> Any:
     return None if body is None else {k: v for k, v in body.items()}
 
 
-def _observe(registry: kopf.OperatorRegistry, operator: Operator, kind: str, resource: tuple[str, str, str]) -> None:
-    group, version, plural = resource
-
-    @kopf.on.event(group, version, plural, registry=registry, id=f"observe-{plural}")
+def _observe(registry: kopf.OperatorRegistry, operator: Operator, kind: kinds.Kind) -> None:
+    @kopf.on.event(kind.group, kind.version, kind.plural, registry=registry, id=f"observe-{kind.plural}")
     async def observe(event: kopf.RawEvent, **_: Any) -> None:
         # Async on purpose: kopf runs sync handlers in threads, and the view is single-threaded.
-        operator.on_event(kind, dict(event))
+        operator.on_event(kind.kind, dict(event))

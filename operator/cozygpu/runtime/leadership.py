@@ -18,9 +18,10 @@ from typing import Any
 
 import structlog
 
+from cozygpu.api import kinds
 from cozygpu.api.meta import now as utcnow
 from cozygpu.decisions.leadership import Take, Wait, decide, record
-from cozygpu.kube import credentials, kinds
+from cozygpu.kube import credentials
 from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict, NotFound
 from cozygpu.settings import Settings
 

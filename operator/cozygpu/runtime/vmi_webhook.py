@@ -12,23 +12,23 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import structlog
 
-from cozygpu.api import Attachment, BindRequest, GPUDevice
+from cozygpu.api import Attachment, BindRequest, GPUDevice, kinds
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import LABEL_DEVICE_REFERENCE, TRUE, template_device_name
 from cozygpu.decisions import admission, budgets, references
 from cozygpu.decisions.admission import Member
 from cozygpu.decisions.references import HeldRef, TemplateRef
-from cozygpu.kube import kinds
-from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict, NotFound
+from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.reservations import Reservations
 from cozygpu.runtime.waiters import Waiters
+from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.webhook")
@@ -64,7 +64,7 @@ class VMIAdmission:
         reservations: Reservations,
         *,
         bind_timeout: float,
-        seen: Callable[[dict[str, Any]], None],
+        writer: Writer,
         events: Recorder | None = None,
     ) -> None:
         self._cluster = cluster
@@ -72,7 +72,7 @@ class VMIAdmission:
         self._waiters = waiters
         self._reservations = reservations
         self._bind_timeout = bind_timeout
-        self._seen = seen  # feeds a write's response into the view and wakes the binder
+        self._writer = writer  # its writes' responses go into the view, which wakes the binder
         self._events = events
 
     async def admit(self, vmi: dict[str, Any], dry_run: bool) -> dict[str, Any]:
@@ -199,12 +199,12 @@ class VMIAdmission:
             if not m.create:
                 return m
             try:
-                body = await self._kube.create(kinds.GPU_DEVICE, m.device.wire())
+                body = await self._writer.create(kinds.GPU_DEVICE, m.device.wire())
             except AlreadyExists:
                 raise Refusal(f"GPUDevice {m.device.name} was created by another admission at the same time") from None
+            assert body is not None
             created = GPUDevice.from_wire(body)
             writes.created.append(created)
-            self._seen(body)
             return Member(created, m.cls, m.index, template=True, create=False)
 
         return await _all(create(m) for m in members)
@@ -232,19 +232,15 @@ class VMIAdmission:
                     "bind_request": request,
                 }
             )
-            try:
-                body = await self._kube.replace_status(
-                    kinds.GPU_DEVICE, current.model_copy(update={"status": status}).wire()
-                )
-            except Conflict:
-                current = await self._get(namespace, device.name)
+            outcome = await self._writer.replace_status(
+                kinds.GPU_DEVICE, current.model_copy(update={"status": status}).wire()
+            )
+            if not outcome.written:  # someone wrote first: decide again on what they wrote
+                current = GPUDevice.from_wire(outcome.body) if outcome.body is not None else None
                 continue
-            except NotFound:
-                raise Refusal(f"GPUDevice {device.name} no longer exists") from None
             writes.requested.append(device.name)
             if attaching:
                 writes.attached.append(device.name)
-            self._seen(body)
             return
         raise Refusal(f"GPUDevice {device.name} kept changing while being attached; KubeVirt retries the start")
 
@@ -288,7 +284,7 @@ class VMIAdmission:
                     if name not in created:
                         await self._clear(namespace, name, vmi, writes.request_id, name in writes.attached)
                 for d in writes.created:
-                    await self._kube.delete(kinds.GPU_DEVICE, d.name, namespace, uid=d.metadata.uid)
+                    await self._writer.delete(kinds.GPU_DEVICE, d.name, namespace, uid=d.metadata.uid)
                     log.info("vmi.undo.deleted", device=d.name)
         except (ApiError, TimeoutError) as e:
             # What is left, the garbage collector clears after the grace period (§6.3).
@@ -299,23 +295,12 @@ class VMIAdmission:
             current = await self._get(namespace, name)
             if current is None:
                 return
-            changes: dict[str, Any] = {}
-            request = current.status.bind_request
-            if request is not None and request.id == request_id:
-                changes["bind_request"] = None
-            attached = current.status.attached_to
-            if attached_by_us and attached is not None and attached.vmi == vmi and attached.uid is None:
-                changes["attached_to"] = None
-            if not changes:
+            undone = admission.undone(current, vmi, request_id, attached_by_us)
+            if undone is None:
                 return
-            status = current.status.model_copy(update=changes)
-            try:
-                body = await self._kube.replace_status(
-                    kinds.GPU_DEVICE, current.model_copy(update={"status": status}).wire()
-                )
-            except Conflict:
+            outcome = await self._writer.replace_status(kinds.GPU_DEVICE, undone.wire())
+            if not outcome.written:
                 continue
-            self._seen(body)
             log.info("vmi.undo.cleared", device=name, request_id=request_id)
             return
 

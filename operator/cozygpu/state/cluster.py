@@ -1,10 +1,12 @@
 """The in-memory cluster view: objects by key plus the indexes decisions read.
 
-Callers: the watch handlers (`runtime.handlers`) upsert and remove objects as events
-arrive; the binder upserts the bodies its own writes return, so a decision it made
-is counted before the watch echoes it (no unit is spent twice). An event older than
-what is stored (lower resourceVersion) is ignored for the same reason, and so is a
-write's response that lands after the object's removal (`tombstones`).
+Callers: everything goes in through `apply` (runtime.view, the one door: watch
+events, resync lists, the responses of our own writes, fresh reads), which says what
+changed as a `Change`; the binder also counts its decisions in flight
+(`assume_device`), so a decision is counted before its write returns and no unit is
+spent twice. An event older than what is stored (lower resourceVersion) is ignored
+for the same reason, and so is a write's response that lands after the object's
+removal (`tombstones`).
 """
 
 from __future__ import annotations
@@ -12,17 +14,36 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode
+from cozygpu.api.kinds import WATCHED
 from cozygpu.state.nodes import NodeInfo, node_info
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 DeviceKey = tuple[str, str]  # (namespace, name)
 
-# Every kind the view holds, by the name the watch handlers use.
-KINDS = ("GPUClass", "GPUDevice", "GPUBudget", "GPUNode", "Node", "Namespace", "KubeVirt", "VirtualMachineInstance")
+# Every kind the view holds, by name.
+KINDS = tuple(k.kind for k in WATCHED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """What one event, list item or write's response did to the view; the workers that care subscribe.
+
+    `stored` is False when the view ignored it (older than what it holds, a removed object's echo).
+    `nodes` and `namespaces` name where derived status may differ now (GPUNode §8, budget use §9);
+    `all_nodes` when a class changed, since any node may serve it or stop serving it."""
+
+    kind: str
+    namespace: str
+    name: str
+    deleted: bool
+    stored: bool
+    nodes: frozenset[str] = frozenset()
+    namespaces: frozenset[str] = frozenset()
+    all_nodes: bool = False
 
 
 def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
@@ -53,6 +74,8 @@ class Cluster:
         self._open_requests: dict[str, set[DeviceKey]] = defaultdict(set)
         self._by_attachment: dict[DeviceKey, set[DeviceKey]] = defaultdict(set)  # (namespace, vmi) -> devices
         self._by_class: dict[str, set[DeviceKey]] = defaultdict(set)
+        # Nodes that devices name but the view does not have (§5.6), kept as both change.
+        self._gone_nodes: set[str] = set()
         # Nodes by the resources in their allocatable: placement looks only at nodes that have them.
         self._nodes_by_resource: dict[str, set[str]] = defaultdict(set)
         # VMIs with device references, by (namespace, name): their uid (§6).
@@ -79,10 +102,41 @@ class Cluster:
         self.kubevirts: dict[DeviceKey, set[str] | None] = {}
         # Bumped whenever capacity may have grown: waiting devices are retried then.
         self.capacity_generation = 0
-        # Nodes whose GPUNode status may have changed; the node accountant drains it.
-        self.dirty_nodes: set[str] = set()
-        # Namespaces whose devices changed: the budgets covering them need their status again.
-        self.dirty_namespaces: set[str] = set()
+        # What the change being applied touched; `apply` hands it out as a `Change`.
+        self._nodes_touched: set[str] = set()
+        self._namespaces_touched: set[str] = set()
+        self._all_nodes = False
+        self._changed = False
+        # kind -> (store a body, forget by (namespace, name) and the removal's version)
+        self._apply: dict[str, tuple[Callable[[dict[str, Any]], object], Callable[[str, str, str | None], None]]] = {
+            "GPUDevice": (self.upsert_device, self.remove_device),
+            "GPUClass": (self.upsert_class, lambda _ns, n, rv: self.remove_class(n, rv)),
+            "GPUBudget": (self.upsert_budget, self.remove_budget),
+            "GPUNode": (self.upsert_gpunode, lambda _ns, n, rv: self.remove_gpunode(n, rv)),
+            "Node": (self.upsert_node, lambda _ns, n, rv: self.remove_node(n, rv)),
+            "Namespace": (self.upsert_namespace, lambda _ns, n, rv: self.remove_namespace(n, rv)),
+            "KubeVirt": (self.upsert_kubevirt, self.remove_kubevirt),
+            "VirtualMachineInstance": (self.upsert_vmi, self.remove_vmi),
+        }
+
+    # -- the door ----------------------------------------------------------
+
+    def apply(self, kind: str, body: dict[str, Any], *, deleted: bool = False) -> Change:
+        """Store `body` (a watch event's object, a list item, a write's response), or forget it when
+        `deleted` (its resourceVersion, if any, is the removal's); says what changed."""
+        meta = body.get("metadata") or {}
+        namespace, name = meta.get("namespace") or "", meta.get("name") or ""
+        self._nodes_touched, self._namespaces_touched, self._all_nodes = set(), set(), False
+        self._changed = False
+        upsert, remove = self._apply[kind]
+        if deleted:
+            remove(namespace, name, meta.get("resourceVersion"))
+        else:
+            upsert(body)
+        return Change(
+            kind, namespace, name, deleted, self._changed,
+            frozenset(self._nodes_touched), frozenset(self._namespaces_touched), self._all_nodes,
+        )  # fmt: skip
 
     # -- devices -----------------------------------------------------------
 
@@ -148,15 +202,18 @@ class Cluster:
             self.capacity_generation += 1
 
     def _touch(self, old: GPUDevice | None, new: GPUDevice | None) -> None:
+        self._changed = True
         for d in (old, new):
             if d is not None:
-                self.dirty_namespaces.add(d.namespace or "")
+                self._namespaces_touched.add(d.namespace or "")
                 if d.status.node_name:
-                    self.dirty_nodes.add(d.status.node_name)
+                    self._nodes_touched.add(d.status.node_name)
 
     def _index(self, key: DeviceKey, device: GPUDevice) -> None:
         if device.status.node_name:
             self._by_node[device.status.node_name].add(key)
+            if device.status.node_name not in self.nodes:
+                self._gone_nodes.add(device.status.node_name)
         if device.holds_gpus and device.status.node_name:
             self._count(key, device)
         self._by_namespace[key[0]].add(key)
@@ -187,6 +244,8 @@ class Cluster:
         ):
             if value is not None:
                 _drop(index, value, key)
+        if device.status.node_name not in self._by_node:
+            self._gone_nodes.discard(device.status.node_name or "")
 
     def device(self, namespace: str, name: str) -> GPUDevice | None:
         return self.devices.get((namespace, name))
@@ -309,8 +368,10 @@ class Cluster:
         self.vmis[key] = meta.get("uid", "")
         self._vmi_uids.add(self.vmis[key])
         self._raw_versions["VirtualMachineInstance"][key] = version(meta.get("resourceVersion"))
+        self._changed = True
 
     def remove_vmi(self, namespace: str, name: str, resource_version: str | None = None) -> None:
+        self._changed = (namespace, name) in self.vmis
         self._vmi_uids.discard(self.vmis.pop((namespace, name), ""))
         self._bury_raw("VirtualMachineInstance", (namespace, name), resource_version)
 
@@ -326,8 +387,9 @@ class Cluster:
         """Devices not Bound: unseen, Pending or Lost; the binder's waiting room."""
         return [self.devices[k] for k in self._unbound]
 
-    def nodes_named_by_devices(self) -> Iterable[str]:
-        return list(self._by_node)
+    def gone_nodes(self) -> list[str]:
+        """Nodes that some device names but the view does not have, sorted."""
+        return sorted(self._gone_nodes)
 
     # -- the rest ----------------------------------------------------------
 
@@ -341,9 +403,11 @@ class Cluster:
         old = self.gpunodes.get(node.name)
         if old is None or _newer(old.metadata.resource_version, node.metadata.resource_version):
             self.gpunodes[node.name] = node
+            self._changed = True
 
     def remove_gpunode(self, name: str, resource_version: str | None = None) -> None:
         old = self.gpunodes.pop(name, None)
+        self._changed = old is not None
         self._bury("GPUNode", name, resource_version, old.metadata.resource_version if old else None)
 
     def upsert_class(self, body: dict[str, Any]) -> None:
@@ -356,14 +420,14 @@ class Cluster:
             if old is None or old.spec.resource_name != cls.spec.resource_name:
                 self._recount_class(cls.name)
             self.capacity_generation += 1
-            self.dirty_nodes |= set(self.nodes)
+            self._all_nodes = self._changed = True
 
     def remove_class(self, name: str, resource_version: str | None = None) -> None:
         old = self.classes.pop(name, None)
         self._bury("GPUClass", name, resource_version, old.metadata.resource_version if old else None)
         self._recount_class(name)
         self.capacity_generation += 1
-        self.dirty_nodes |= set(self.nodes)
+        self._all_nodes, self._changed = True, old is not None
 
     def upsert_budget(self, body: dict[str, Any]) -> None:
         budget = GPUBudget.from_wire(body)
@@ -373,10 +437,12 @@ class Cluster:
         old = self.budgets.get(key)
         if old is None or _newer(old.metadata.resource_version, budget.metadata.resource_version):
             self.budgets[key] = budget
-            self.dirty_namespaces.add(key[0])
+            self._namespaces_touched.add(key[0])
+            self._changed = True
 
     def remove_budget(self, namespace: str, name: str, resource_version: str | None = None) -> None:
         old = self.budgets.pop((namespace, name), None)
+        self._changed = old is not None
         self._bury("GPUBudget", (namespace, name), resource_version, old.metadata.resource_version if old else None)
 
     def upsert_node(self, body: dict[str, Any]) -> NodeInfo | None:
@@ -387,7 +453,9 @@ class Cluster:
         if old is not None and not _newer(old.resource_version, node.resource_version):
             return old
         self._unindex_node(old)
+        self._changed = True
         self.nodes[node.name] = node
+        self._gone_nodes.discard(node.name)
         for resource in node.allocatable:
             self._nodes_by_resource[resource].add(node.name)
         for resource in set(node.allocatable) | set(old.allocatable if old else ()):
@@ -395,7 +463,7 @@ class Cluster:
         # A status heartbeat or a resync's list changes nothing a decision reads: no retry for it.
         if old is None or dataclasses.replace(old, resource_version=node.resource_version) != node:
             self.capacity_generation += 1
-            self.dirty_nodes.add(node.name)
+            self._nodes_touched.add(node.name)
         return node
 
     def _unindex_node(self, node: NodeInfo | None) -> None:
@@ -411,10 +479,13 @@ class Cluster:
         old = self.nodes.pop(name, None)
         self._bury("Node", name, resource_version, old.resource_version if old else None)
         self._unindex_node(old)
+        if name in self._by_node:
+            self._gone_nodes.add(name)
         for resource in old.allocatable if old else ():
             self._reorder(name, resource)
         self.capacity_generation += 1
-        self.dirty_nodes.add(name)
+        self._nodes_touched.add(name)
+        self._changed = old is not None
 
     def upsert_kubevirt(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
@@ -433,9 +504,10 @@ class Cluster:
         key = (meta.get("namespace", ""), meta.get("name", ""))
         self.kubevirts[key] = names
         self._raw_versions["KubeVirt"][key] = version(meta.get("resourceVersion"))
+        self._changed = True
 
     def remove_kubevirt(self, namespace: str, name: str, resource_version: str | None = None) -> None:
-        self.kubevirts.pop((namespace, name), None)
+        self._changed = self.kubevirts.pop((namespace, name), None) is not None
         self._bury_raw("KubeVirt", (namespace, name), resource_version)
 
     def upsert_namespace(self, body: dict[str, Any]) -> None:
@@ -443,11 +515,12 @@ class Cluster:
         if not self._admit_raw("Namespace", meta.get("name", ""), meta):
             return
         self.namespaces[meta.get("name", "")] = dict(meta.get("labels") or {})
-        self.dirty_namespaces.add(meta.get("name", ""))
+        self._namespaces_touched.add(meta.get("name", ""))
         self._raw_versions["Namespace"][meta.get("name", "")] = version(meta.get("resourceVersion"))
+        self._changed = True
 
     def remove_namespace(self, name: str, resource_version: str | None = None) -> None:
-        self.namespaces.pop(name, None)
+        self._changed = self.namespaces.pop(name, None) is not None
         self._bury_raw("Namespace", name, resource_version)
 
     # -- resyncs (§6.4) -------------------------------------------------------

@@ -1,6 +1,9 @@
-"""The API resources the operator and its tools talk to, by kind.
+"""The one table of the API resources the operator and its tools talk to, by kind.
 
-A `Kind` is everything the adapter needs to build a URL; no discovery round trip.
+A `Kind` is everything the adapter needs to build a URL (no discovery round trip) and
+kopf needs to watch it. `WATCHED` names the kinds the operator keeps in its view: kopf's
+registration (runtime.handlers), the view's stores (state.cluster), the resync
+(runtime.resync) and the adapter all read them from here.
 """
 
 from __future__ import annotations
@@ -17,6 +20,14 @@ class Kind:
     kind: str
     plural: str
     namespaced: bool
+
+    @property
+    def group(self) -> str:
+        return self.api_version.rpartition("/")[0]
+
+    @property
+    def version(self) -> str:
+        return self.api_version.rpartition("/")[2]
 
 
 def _ours() -> dict[str, Kind]:
@@ -89,3 +100,9 @@ MUTATING_WEBHOOKS = kind("MutatingWebhookConfiguration")
 VALIDATING_WEBHOOKS = kind("ValidatingWebhookConfiguration")
 POLICY = kind("ValidatingAdmissionPolicy")
 POLICY_BINDING = kind("ValidatingAdmissionPolicyBinding")
+
+# Listed at start-up and on each resync, watched in between, kept in the view (§6.4).
+# VMIs unfiltered on purpose: a label taken off a running VMI reaches a label-selected watch as a
+# deletion, and the collector would release the devices attached to it (§6). The view keeps a
+# VMI's uid only.
+WATCHED: tuple[Kind, ...] = (GPU_CLASS, GPU_DEVICE, GPU_BUDGET, GPU_NODE, NODE, NAMESPACE, KUBEVIRT, VMI)

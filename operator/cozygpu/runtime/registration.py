@@ -1,0 +1,64 @@
+"""Serving and, with `--dev`, registering the admission webhooks and the no-bypass policy.
+
+Called by the Operator: `serve` waits until kopf's webhook server accepts connections,
+registers what `webhooks` and `policy` build when the operator serves itself (dev mode),
+then reports the webhooks ready; `unregister` removes them again on exit. In a cluster
+the chart installs them and only the wait is done here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from cozygpu.api import kinds
+from cozygpu.kube.adapter import ApiError, AsyncKube
+from cozygpu.runtime import policy, webhooks
+from cozygpu.settings import Settings
+
+log = structlog.get_logger("cozygpu.operator")
+
+
+class Registration:
+    def __init__(self, settings: Settings, kube: AsyncKube) -> None:
+        self._settings = settings
+        self._kube = kube
+        self.serving: webhooks.Serving | None = None  # set by `configure` in dev mode
+        self.ready = settings.webhook_mode == "off"
+
+    async def serve(self, operator_user: str) -> None:
+        """Wait until kopf's server accepts connections, register (dev), then report ready; runs until
+        cancelled, so that a stopped task turns readiness off."""
+        port = self.serving.server.port if self.serving is not None else self._settings.webhook_port or 9443
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        if self.serving is not None:
+            for config in webhooks.configurations(
+                self.serving.url, self.serving.ca_bundle, self._settings.webhook_timeout, operator_user
+            ):
+                kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
+                await self._kube.put_object(kind, config)
+            await self._kube.put_object(kinds.POLICY, policy.policy(self._settings.kubevirt_controller_user))
+            await self._kube.put_object(kinds.POLICY_BINDING, policy.binding())
+            log.info("webhooks.registered", url=self.serving.url, policy=policy.NAME)
+        self.ready = True
+        await asyncio.Event().wait()
+
+    async def unregister(self) -> None:
+        if self.serving is None:
+            return
+        registered = ((kinds.MUTATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
+                      (kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
+                      (kinds.POLICY_BINDING, policy.NAME), (kinds.POLICY, policy.NAME))  # fmt: skip
+        for kind, name in registered:
+            try:
+                await self._kube.delete(kind, name)
+            except ApiError as e:
+                log.warning("webhooks.unregister_failed", error=e.message)
+        log.info("webhooks.unregistered")

@@ -1,0 +1,133 @@
+"""The one writer: every API write the operator's workers make to the objects the view holds.
+
+The binder, the collector, the accountant and the VMI webhook call it. Each write
+goes out under the object's resourceVersion, and its response goes into the view
+through the one door (runtime.view), which tells the subscribed workers. There is
+one conflict policy: on a Conflict or NotFound, read the object fresh and put that
+in the view (or forget it), and tell the caller it did not write. The binder's
+decisions in flight (assumptions, §13.1) are settled here too, in the same step as
+the API's version goes in, so no one sees the view without either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from cozygpu.api import kinds
+from cozygpu.kube.adapter import AlreadyExists, AsyncKube, Conflict, NotFound
+from cozygpu.runtime.view import View
+
+log = structlog.get_logger("cozygpu.writes")
+
+Body = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """`written`: our write landed and `body` is the API's answer. Otherwise someone wrote first or the
+    object is gone: `body` is what a fresh read found, in the view now (None: gone, or the read failed
+    on an assumed device, which is then re-read later)."""
+
+    written: bool
+    body: Body | None
+
+
+def _where(body: Body) -> tuple[str, str]:
+    meta = body.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+class Writer:
+    def __init__(self, view: View, kube: AsyncKube) -> None:
+        self._view = view
+        self._kube = kube
+        # Assumed devices whose write had an unknown outcome and whose fresh read failed too.
+        self._doubtful: dict[tuple[str, str], int] = {}
+
+    @property
+    def doubtful(self) -> bool:
+        return bool(self._doubtful)
+
+    async def replace_status(self, kind: kinds.Kind, body: Body, *, assumption: int | None = None) -> Outcome:
+        """Write the status subresource; `assumption`: the token of the binder's decision this write carries
+        (`Cluster.assume_device`), settled by the API's answer or a fresh read, whatever the outcome."""
+        return await self._write(self._kube.replace_status, kind, body, assumption)
+
+    async def replace(self, kind: kinds.Kind, body: Body) -> Outcome:
+        return await self._write(self._kube.replace, kind, body, None)
+
+    async def create(self, kind: kinds.Kind, body: Body, *, existing_ok: bool = False) -> Body | None:
+        """Create; with `existing_ok`, an object of the name already there is read into the view and returned
+        (None if it went meanwhile). Otherwise AlreadyExists is raised."""
+        try:
+            created = await self._kube.create(kind, body)
+        except AlreadyExists:
+            if not existing_ok:
+                raise
+            namespace, name = _where(body)
+            return (await self.refresh(kind, name, namespace)).body
+        self._view.apply(kind.kind, created)
+        return created
+
+    async def delete(
+        self, kind: kinds.Kind, name: str, namespace: str = "", *, uid: str | None = None, at_once: bool = False
+    ) -> bool:
+        """Delete (with a UID precondition if given); False when it was gone already, and the view forgets it.
+        `at_once`: the object carries no finalizers, so the view forgets it now; otherwise what the deletion
+        leaves (finalizers pending) the watch reports."""
+        if await self._kube.delete(kind, name, namespace or None, uid=uid):
+            if at_once:
+                self._view.forget(kind.kind, namespace, name)
+            return True
+        self._view.forget(kind.kind, namespace, name)
+        return False
+
+    async def refresh(
+        self, kind: kinds.Kind, name: str, namespace: str = "", *, assumption: int | None = None
+    ) -> Outcome:
+        """Read the object fresh into the view (or forget it). With `assumption`, it is settled in the same
+        step; a failed read keeps it (its units stay counted) until `recheck` reads again."""
+        key = (namespace, name)
+        try:
+            fresh = await self._kube.get_or_none(kind, name, namespace or None)
+        except Exception as e:
+            if assumption is None:
+                raise
+            self._doubtful[key] = assumption
+            log.warning("write.refresh_failed", kind=kind.kind, namespace=namespace or None, name=name, error=str(e))
+            return Outcome(False, None)
+        if assumption is not None:
+            self._doubtful.pop(key, None)
+            if not self._view.cluster.settle_device(namespace, name, assumption):
+                return Outcome(False, fresh)  # another decision of ours is in flight on it: its write settles it
+        if fresh is None:
+            self._view.forget(kind.kind, namespace, name)
+        else:
+            self._view.apply(kind.kind, fresh)
+        return Outcome(False, fresh)
+
+    async def recheck(self) -> None:
+        """Read again the assumed devices whose outcome is still unknown."""
+        for (namespace, name), token in list(self._doubtful.items()):
+            await self.refresh(kinds.GPU_DEVICE, name, namespace, assumption=token)
+
+    async def _write(
+        self, call: Callable[[kinds.Kind, Body], Awaitable[Body]], kind: kinds.Kind, body: Body, assumption: int | None
+    ) -> Outcome:
+        namespace, name = _where(body)
+        try:
+            response = await call(kind, body)
+        except (Conflict, NotFound):
+            return await self.refresh(kind, name, namespace, assumption=assumption)
+        except Exception:
+            if assumption is not None:  # an unknown outcome: what the API has now is the truth
+                await self.refresh(kind, name, namespace, assumption=assumption)
+            raise
+        if assumption is not None:
+            self._view.cluster.settle_device(namespace, name, assumption)
+        self._view.apply(kind.kind, response)
+        return Outcome(True, response)

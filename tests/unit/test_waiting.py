@@ -1,0 +1,74 @@
+"""The binder's waiting room (§5.5, §5.6): what waits, in which order, and what turned Lost."""
+
+from __future__ import annotations
+
+from cozygpu.api import GPUDevice
+from cozygpu.decisions.waiting import in_turn, lost, placeable
+from tests.builders import A10, EPOCH, cluster, device, gpu_class, node, request
+
+
+def _dev(*args: object, **kwargs: object) -> GPUDevice:
+    return GPUDevice.from_wire(device(*args, **kwargs))  # type: ignore[arg-type]
+
+
+def test_a_pending_held_device_waits_for_a_node() -> None:
+    """§5.5: a held device with no request is the binder's to place."""
+    assert placeable(_dev("a", phase="Pending"))
+    assert placeable(_dev("a"))
+
+
+def test_a_device_in_an_open_request_is_answered_as_a_set_not_placed_alone() -> None:
+    """§4: while a request is open its devices wait for the answer, not for a node of their own."""
+    assert not placeable(_dev("a", status=request("r1", "vm", ["a"], EPOCH)))
+    assert placeable(_dev("a", phase="Pending", status=request("r1", "vm", ["a"], EPOCH, result="Failed")))
+
+
+def test_a_new_template_device_belongs_to_its_admission() -> None:
+    """A template device the webhook just created is placed by its VMI's request, never ahead of it."""
+    assert not placeable(_dev("vm-gpu-0", template=True))
+    assert placeable(_dev("vm-gpu-0", template=True, phase="Pending"))
+
+
+def test_a_lost_device_still_attached_waits_for_its_vmi_to_go() -> None:
+    """§2: a Lost device attached to a VMI is not moved under it."""
+    attached = {"attachedTo": {"vmi": "vm", "since": EPOCH.isoformat()}}
+    assert not placeable(_dev("a", phase="Lost", status=attached))
+    assert placeable(_dev("a", phase="Lost"))
+
+
+def test_a_device_being_deleted_is_not_placed() -> None:
+    """Nothing is bound for a device on its way out."""
+    body = device("a", phase="Pending")
+    body["metadata"]["deletionTimestamp"] = EPOCH.isoformat()
+    assert not placeable(GPUDevice.from_wire(body))
+
+
+def test_first_come_first_served_by_creation_then_first_sight_then_name() -> None:
+    """§5.5: the oldest first; within one second of creation, the one the view saw first."""
+    c = cluster(devices=[device("late", created=5), device("zeta", created=1), device("alpha", created=1)])
+    ordered = in_turn(c, list(c.devices.values()), EPOCH)
+    assert [d.name for d in ordered] == ["zeta", "alpha", "late"]
+
+
+def test_only_placeable_devices_are_in_turn() -> None:
+    """The order holds only devices that may be placed on their own."""
+    c = cluster(devices=[device("a"), device("vm-gpu-0", template=True)])
+    assert [d.name for d in in_turn(c, list(c.devices.values()), EPOCH)] == ["a"]
+
+
+def test_devices_bound_to_a_node_that_is_gone_are_lost_and_no_others() -> None:
+    """§5.6: Bound on a deleted node: Lost; Bound on a live node, or already Lost, stays as it is."""
+    c = cluster(
+        nodes=[node("n1", {A10: 2}), node("n2", {A10: 2})],
+        classes=[gpu_class("a10")],
+        devices=[
+            device("on-n1", phase="Bound", node_name="n1"),
+            device("on-n2", phase="Bound", node_name="n2"),
+            device("was-lost", phase="Lost", node_name="n2"),
+        ],
+    )
+    assert list(lost(c)) == []
+    c.remove_node("n2")
+    assert [(d.name, n) for d, n in lost(c)] == [("on-n2", "n2")]
+    c.upsert_node(node("n2", {A10: 2}))
+    assert list(lost(c)) == []
