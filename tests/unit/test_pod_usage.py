@@ -8,41 +8,15 @@ import pytest
 
 from cozygpu.api import pods as api_pods
 from cozygpu.state.pods import PodUsage, PodUse
-from tests.builders import A10, L40S
-
-
-def pod(
-    name: str = "p",
-    asks: dict[str, str] | None = None,
-    *,
-    node: str | None = "n1",
-    phase: str = "Running",
-    rv: int = 10,
-    namespace: str = "t1",
-    vmi: str | None = None,
-    init: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """A pod body as a watch delivers it; with `vmi`, a launcher virt-controller rendered for that VMI."""
-    resources = {"cpu": "1", "memory": "1Gi", **({A10: "1"} if asks is None else asks)}
-    meta: dict[str, Any] = {"name": name, "namespace": namespace, "resourceVersion": str(rv)}
-    if vmi is not None:
-        meta["labels"] = {"kubevirt.io": "virt-launcher"}
-        meta["ownerReferences"] = [
-            {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vmi, "uid": "u", "controller": True}
-        ]
-    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"requests": resources, "limits": resources}}]}
-    if init:
-        spec["initContainers"] = [{"name": "i", "resources": {"limits": init}}]
-    if node:
-        spec["nodeName"] = node
-    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+from tests.builders import A10, L40S, pod
 
 
 class TestWhatIsKept:
     def test_a_running_pod_on_a_node_is_kept_with_its_extended_units_only(self) -> None:
         """CPU, memory, Kubernetes' own and KubeVirt's own resources are not units a GPU node serves."""
         usage = PodUsage()
-        body = pod(asks={A10: "2", "devices.kubevirt.io/kvm": "1", "hugepages-2Mi": "1Gi", "example.com/fpga": "1"})
+        own = {"devices.kubevirt.io/kvm": "1", "hugepages-2Mi": "1Gi", "example.kubernetes.io/x": "1"}
+        body = pod(asks={A10: "2", "example.com/fpga": "1", **own}, version=10)
         assert usage.upsert(body) == {"n1"}
         assert usage.on("n1") == [PodUse("t1", "p", "n1", {A10: 2, "example.com/fpga": 1}, None, 10)]
 
@@ -84,47 +58,47 @@ class TestChanges:
     def test_a_pod_that_ends_is_dropped_and_its_node_reported(self) -> None:
         """Running -> Succeeded frees the units: the pod leaves the index and its node needs its status again."""
         usage = PodUsage()
-        usage.upsert(pod(rv=10))
-        assert usage.upsert(pod(phase="Succeeded", rv=11)) == {"n1"}
+        usage.upsert(pod(version=10))
+        assert usage.upsert(pod(phase="Succeeded", version=11)) == {"n1"}
         assert usage.on("n1") == [] and len(usage) == 0
 
     def test_an_ended_pods_earlier_version_does_not_bring_it_back(self) -> None:
         """A late Running event (a resync's list) after Succeeded is stale."""
         usage = PodUsage()
-        usage.upsert(pod(rv=10))
-        usage.upsert(pod(phase="Succeeded", rv=12))
-        assert usage.upsert(pod(rv=11)) == set()
+        usage.upsert(pod(version=10))
+        usage.upsert(pod(phase="Succeeded", version=12))
+        assert usage.upsert(pod(version=11)) == set()
         assert len(usage) == 0
 
     def test_an_older_version_than_stored_is_ignored(self) -> None:
         """As in the rest of the view: a lower resourceVersion never overwrites a higher one."""
         usage = PodUsage()
-        usage.upsert(pod(rv=20))
-        assert usage.upsert(pod(node=None, rv=19)) == set()
-        assert usage.upsert(pod(asks={L40S: "1"}, rv=19)) == set()
+        usage.upsert(pod(version=20))
+        assert usage.upsert(pod(node=None, version=19)) == set()
+        assert usage.upsert(pod(asks={L40S: "1"}, version=19)) == set()
         assert [(p.resource_version, dict(p.units)) for p in usage.on("n1")] == [(20, {A10: 1})]
 
     def test_a_new_version_that_changes_nothing_reports_no_node(self) -> None:
         """A status heartbeat of a pod changes no GPUNode: no node to recompute."""
         usage = PodUsage()
-        usage.upsert(pod(rv=10))
-        assert usage.upsert(pod(rv=11)) == set()
+        usage.upsert(pod(version=10))
+        assert usage.upsert(pod(version=11)) == set()
         assert usage.on("n1")[0].resource_version == 11
 
     def test_removal_reports_the_node_and_buries_the_pod(self) -> None:
         """A deleted pod leaves, and a late echo of it is not stored again."""
         usage = PodUsage()
-        usage.upsert(pod(rv=10))
+        usage.upsert(pod(version=10))
         assert usage.remove("t1", "p", "12") == {"n1"}
-        assert usage.upsert(pod(rv=11)) == set()
+        assert usage.upsert(pod(version=11)) == set()
         assert usage.remove("t1", "p") == set()
-        assert usage.upsert(pod(rv=13)) == {"n1"}  # a newer one is a new pod of the name
+        assert usage.upsert(pod(version=13)) == {"n1"}  # a newer one is a new pod of the name
 
     def test_missing_names_pods_a_newer_list_lacks(self) -> None:
         """A resync's list lacking a pod stored at an older version: it was removed unseen."""
         usage = PodUsage()
-        usage.upsert(pod("a", rv=5))
-        usage.upsert(pod("b", rv=9))
+        usage.upsert(pod("a", version=5))
+        usage.upsert(pod("b", version=9))
         assert usage.missing(set(), "7") == [("t1", "a")]
         assert usage.missing({("t1", "a")}, "10") == [("t1", "b")]
 
