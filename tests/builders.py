@@ -119,3 +119,30 @@ def request(
     if result:
         r["result"] = result
     return {"attachedTo": {"vmi": vmi, "since": at.isoformat()}, "bindRequest": r}
+
+
+def pod(
+    name: str = "p",
+    asks: dict[str, int | str] | None = None,
+    *,
+    node: str | None = "n1",
+    phase: str = "Running",
+    namespace: str = "t1",
+    vmi: str | None = None,
+    init: dict[str, int | str] | None = None,
+    version: int | None = None,
+) -> dict[str, Any]:
+    """A pod as a watch delivers it, asking for `asks` (default one A10) besides CPU and memory; with `vmi`,
+    the launcher virt-controller renders for that VMI (its label, the VMI as controller)."""
+    resources = {"cpu": "1", "memory": "1Gi", **{r: str(n) for r, n in ({A10: 1} if asks is None else asks).items()}}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "resourceVersion": str(version or rv())}
+    if vmi is not None:
+        meta["labels"] = {"kubevirt.io": "virt-launcher"}
+        owner = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vmi, "uid": "u"}
+        meta["ownerReferences"] = [{**owner, "controller": True}]
+    spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"requests": resources, "limits": resources}}]}
+    if init:
+        spec["initContainers"] = [{"name": "i", "resources": {"limits": {r: str(n) for r, n in init.items()}}}]
+    if node:
+        spec["nodeName"] = node
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}

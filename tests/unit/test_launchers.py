@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cozygpu.api import GPUDevice
+from cozygpu.api import GPUDevice, pods
 from cozygpu.decisions import launchers
 from cozygpu.decisions.pinning import is_pinned, pinned_spec
 from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class
@@ -62,17 +62,17 @@ class TestWhatAPodAsks:
         """The scheduler's own arithmetic: containers summed, an init container only if it asks more."""
         pod = launcher({A10: "1"}, init={A10: "3"})
         pod["spec"]["containers"].append({"name": "side", "resources": {"limits": {A10: "1"}}})
-        assert launchers.asked(pod, {A10}) == {A10: 3}
-        assert launchers.asked(launcher({A10: "2"}, init={A10: "1"}), {A10}) == {A10: 2}
+        assert pods.asked(pod, {A10}) == {A10: 3}
+        assert pods.asked(launcher({A10: "2"}, init={A10: "1"}), {A10}) == {A10: 2}
 
     def test_only_managed_resources_count(self) -> None:
         """KubeVirt's devices and unmanaged extended resources are not the operator's."""
-        assert launchers.asked(launcher({"example.com/fpga": "1"}), {A10}) == {}
+        assert pods.asked(launcher({"example.com/fpga": "1"}), {A10}) == {}
 
     @pytest.mark.parametrize(("quantity", "units"), [("2", 2), ("1k", 1000), ("1Ki", 1024)])
     def test_quantities_are_whole_units(self, quantity: str, units: int) -> None:
         """Extended resources are whole numbers, with Kubernetes' suffixes."""
-        assert launchers.units(quantity) == units
+        assert pods.units(quantity) == units
 
     def test_a_fractional_quantity_is_refused_naming_it(self) -> None:
         """A quantity that is not a whole number is refused, not guessed at."""

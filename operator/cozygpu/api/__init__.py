@@ -15,7 +15,7 @@ from cozygpu.api.gpudevice import (
     GPUDeviceStatus,
     Phase,
 )
-from cozygpu.api.gpunode import GPUNode, GPUNodeStatus, NodeResource
+from cozygpu.api.gpunode import GPUNode, GPUNodeStatus, NodeResource, UnmanagedPod
 from cozygpu.api.meta import Condition, ConditionStatus, ObjectMeta, Resource
 
 KINDS: tuple[type[Resource], ...] = (GPUClass, GPUDevice, GPUNode, GPUBudget)
@@ -43,4 +43,5 @@ __all__ = [
     "ObjectMeta",
     "Phase",
     "Resource",
+    "UnmanagedPod",
 ]

@@ -13,6 +13,11 @@ API_VERSION = f"{GROUP}/{VERSION}"
 KUBEVIRT_GROUP = "kubevirt.io"
 KUBEVIRT_VERSION = "v1"
 KUBEVIRT_API_VERSION = f"{KUBEVIRT_GROUP}/{KUBEVIRT_VERSION}"
+# virt-controller's label on every pod it renders for a VMI (launchers, migration targets).
+LABEL_KUBEVIRT = KUBEVIRT_GROUP
+LAUNCHER = "virt-launcher"
+# KubeVirt's own devices, asked for by every launcher pod: not GPUs.
+KUBEVIRT_DEVICES = f"devices.{KUBEVIRT_GROUP}/"
 
 TRUE = "true"
 

@@ -10,71 +10,16 @@ target) passes here again.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cozygpu.api import GPUClass, GPUDevice
-from cozygpu.api.names import KUBEVIRT_GROUP
+from cozygpu.api.pods import BadQuantity, asked, owner_vmi
 from cozygpu.decisions.admission import ident
 
-_QUANTITY = re.compile(r"^([0-9]+)(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-_SUFFIX: dict[str | None, int] = {
-    None: 1,
-    **{s: 1000**i for i, s in enumerate("kMGTPE", 1)},
-    **{f"{s}i": 1024**i for i, s in enumerate("KMGTPE", 1)},
-}
-
-
-class BadQuantity(ValueError):
-    pass
-
-
-def units(quantity: Any) -> int:
-    """A whole count of an extended resource ("2", "1k"); the API server allows nothing else."""
-    match = _QUANTITY.match(str(quantity).strip())
-    if match is None:
-        raise BadQuantity(f"{quantity!r} is not a whole number of units")
-    count: int = int(match.group(1)) * _SUFFIX[match.group(2)]
-    return count
-
-
-def _container_asks(container: Mapping[str, Any], managed: set[str]) -> dict[str, int]:
-    resources = container.get("resources") or {}
-    asked: dict[str, int] = {}
-    for field in ("requests", "limits"):
-        for resource, quantity in (resources.get(field) or {}).items():
-            if resource in managed:
-                asked[resource] = max(asked.get(resource, 0), units(quantity))
-    return asked
-
-
-def asked(pod: Mapping[str, Any], managed: set[str]) -> dict[str, int]:
-    """Units of each managed resource the pod holds while it runs, as the scheduler counts them:
-    the sum over its containers, or the largest init container's ask if that is more."""
-    spec = pod.get("spec") or {}
-    total: dict[str, int] = defaultdict(int)
-    for container in spec.get("containers") or []:
-        for resource, n in _container_asks(container, managed).items():
-            total[resource] += n
-    for container in spec.get("initContainers") or []:
-        for resource, n in _container_asks(container, managed).items():
-            total[resource] = max(total[resource], n)
-    return {r: n for r, n in total.items() if n}
-
-
-def owner_vmi(pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(name, uid) of the VMI that controls the pod, as virt-controller sets it on launcher pods."""
-    for ref in (pod.get("metadata") or {}).get("ownerReferences") or []:
-        if (
-            ref.get("kind") == "VirtualMachineInstance"
-            and str(ref.get("apiVersion", "")).startswith(f"{KUBEVIRT_GROUP}/")
-            and ref.get("controller")
-        ):
-            return str(ref.get("name", "")), str(ref.get("uid", ""))
-    return None
+__all__ = ["Verdict", "judge", "owner_vmi"]
 
 
 @dataclass(frozen=True)

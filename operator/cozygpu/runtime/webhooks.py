@@ -19,7 +19,17 @@ import aiohttp.web
 import kopf
 
 from cozygpu import tls
-from cozygpu.api.names import GROUP, KUBEVIRT_GROUP, KUBEVIRT_VERSION, LABEL_DEVICE_REFERENCE, TRUE, VERSION
+from cozygpu.api.names import (
+    GROUP,
+    KUBEVIRT_DEVICES,
+    KUBEVIRT_GROUP,
+    KUBEVIRT_VERSION,
+    LABEL_DEVICE_REFERENCE,
+    LABEL_KUBEVIRT,
+    LAUNCHER,
+    TRUE,
+    VERSION,
+)
 
 CONFIGURATION_NAME = "cozy-gpu-operator"
 
@@ -30,10 +40,7 @@ CLASS_HOOK = "gpuclass"
 BUDGET_HOOK = "gpubudget"
 POD_HOOK = "pod"
 
-# virt-controller's label on every pod it renders for a VMI (launchers, migration targets).
-LAUNCHER_SELECTOR = {"kubevirt.io": "virt-launcher"}
-# KubeVirt's own devices, asked for by every launcher pod: not GPUs.
-KUBEVIRT_DEVICES = "devices.kubevirt.io/"
+LAUNCHER_SELECTOR = {LABEL_KUBEVIRT: LAUNCHER}
 
 
 def _asks_extended(containers: str) -> str:

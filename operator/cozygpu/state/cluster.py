@@ -20,6 +20,7 @@ from typing import Any
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode
 from cozygpu.api.kinds import WATCHED
 from cozygpu.state.nodes import NodeInfo, node_info
+from cozygpu.state.pods import PodUsage
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 DeviceKey = tuple[str, str]  # (namespace, name)
@@ -83,6 +84,7 @@ class Cluster:
         # Versions of what is stored as plain data (VMIs, namespaces, KubeVirt CRs), for resyncs.
         self._raw_versions: dict[str, dict[Any, int]] = {"VirtualMachineInstance": {}, "Namespace": {}, "KubeVirt": {}}
         self._vmi_uids: set[str] = set()
+        self.pods = PodUsage(tombstones)  # units pods hold per node: those the operator did not place (§1.3)
         self._unbound: set[DeviceKey] = set()
         # Units of Bound devices per node and resource, each device as it was counted, and every
         # resource's nodes ordered by free units: best fit without scanning the nodes.

@@ -1,0 +1,132 @@
+"""The view's index of the units pods hold on nodes (§1.3, §12): what counts, what is dropped, what is stale."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cozygpu.api import pods as api_pods
+from cozygpu.state.pods import PodUsage, PodUse
+from tests.builders import A10, L40S, pod
+
+
+class TestWhatIsKept:
+    def test_a_running_pod_on_a_node_is_kept_with_its_extended_units_only(self) -> None:
+        """CPU, memory, Kubernetes' own and KubeVirt's own resources are not units a GPU node serves."""
+        usage = PodUsage()
+        own = {"devices.kubevirt.io/kvm": "1", "hugepages-2Mi": "1Gi", "example.kubernetes.io/x": "1"}
+        body = pod(asks={A10: "2", "example.com/fpga": "1", **own}, version=10)
+        assert usage.upsert(body) == {"n1"}
+        assert usage.on("n1") == [PodUse("t1", "p", "n1", {A10: 2, "example.com/fpga": 1}, None, 10)]
+
+    @pytest.mark.parametrize(
+        "body",
+        [pod(node=None), pod(phase="Succeeded"), pod(phase="Failed"), pod(asks={}), pod(asks={"cpu": "4"})],
+        ids=["not-scheduled", "succeeded", "failed", "asks-nothing", "asks-only-cpu"],
+    )
+    def test_pods_that_hold_no_units_are_not_kept(self, body: dict[str, Any]) -> None:
+        """Off a node, ended, or asking for no extended resource: nothing held, nothing stored."""
+        usage = PodUsage()
+        assert usage.upsert(body) == set()
+        assert len(usage) == 0 and usage.on("n1") == []
+
+    def test_a_launcher_pod_names_its_vmi(self) -> None:
+        """virt-controller's label and the VMI as controller: the index says whose launcher it is."""
+        usage = PodUsage()
+        usage.upsert(pod("virt-launcher-vm-x", vmi="vm"))
+        usage.upsert(pod("lookalike", vmi=None))
+        assert [(p.name, p.vmi) for p in usage.on("n1")] == [("lookalike", None), ("virt-launcher-vm-x", "vm")]
+
+    def test_a_vmi_owner_without_the_launcher_label_is_no_launcher(self) -> None:
+        """Only what virt-controller renders (its label) is a launcher; an ownerReference alone is not."""
+        body = pod(vmi="vm")
+        del body["metadata"]["labels"]
+        usage = PodUsage()
+        usage.upsert(body)
+        assert usage.on("n1")[0].vmi is None
+
+    def test_init_containers_count_at_their_largest_beside_the_sum_of_containers(self) -> None:
+        """The scheduler's arithmetic, the same rule as the pod webhook's (api.pods.asked)."""
+        usage = PodUsage()
+        usage.upsert(pod("a", {A10: "1"}, init={A10: "3"}))
+        usage.upsert(pod("b", {A10: "2"}, init={A10: "1"}))
+        assert {p.name: dict(p.units) for p in usage.on("n1")} == {"a": {A10: 3}, "b": {A10: 2}}
+
+
+class TestChanges:
+    def test_a_pod_that_ends_is_dropped_and_its_node_reported(self) -> None:
+        """Running -> Succeeded frees the units: the pod leaves the index and its node needs its status again."""
+        usage = PodUsage()
+        usage.upsert(pod(version=10))
+        assert usage.upsert(pod(phase="Succeeded", version=11)) == {"n1"}
+        assert usage.on("n1") == [] and len(usage) == 0
+
+    def test_an_ended_pods_earlier_version_does_not_bring_it_back(self) -> None:
+        """A late Running event (a resync's list) after Succeeded is stale."""
+        usage = PodUsage()
+        usage.upsert(pod(version=10))
+        usage.upsert(pod(phase="Succeeded", version=12))
+        assert usage.upsert(pod(version=11)) == set()
+        assert len(usage) == 0
+
+    def test_an_older_version_than_stored_is_ignored(self) -> None:
+        """As in the rest of the view: a lower resourceVersion never overwrites a higher one."""
+        usage = PodUsage()
+        usage.upsert(pod(version=20))
+        assert usage.upsert(pod(node=None, version=19)) == set()
+        assert usage.upsert(pod(asks={L40S: "1"}, version=19)) == set()
+        assert [(p.resource_version, dict(p.units)) for p in usage.on("n1")] == [(20, {A10: 1})]
+
+    def test_a_new_version_that_changes_nothing_reports_no_node(self) -> None:
+        """A status heartbeat of a pod changes no GPUNode: no node to recompute."""
+        usage = PodUsage()
+        usage.upsert(pod(version=10))
+        assert usage.upsert(pod(version=11)) == set()
+        assert usage.on("n1")[0].resource_version == 11
+
+    def test_removal_reports_the_node_and_buries_the_pod(self) -> None:
+        """A deleted pod leaves, and a late echo of it is not stored again."""
+        usage = PodUsage()
+        usage.upsert(pod(version=10))
+        assert usage.remove("t1", "p", "12") == {"n1"}
+        assert usage.upsert(pod(version=11)) == set()
+        assert usage.remove("t1", "p") == set()
+        assert usage.upsert(pod(version=13)) == {"n1"}  # a newer one is a new pod of the name
+
+    def test_missing_names_pods_a_newer_list_lacks(self) -> None:
+        """A resync's list lacking a pod stored at an older version: it was removed unseen."""
+        usage = PodUsage()
+        usage.upsert(pod("a", version=5))
+        usage.upsert(pod("b", version=9))
+        assert usage.missing(set(), "7") == [("t1", "a")]
+        assert usage.missing({("t1", "a")}, "10") == [("t1", "b")]
+
+
+class TestOddBodies:
+    @pytest.mark.parametrize(
+        "body",
+        [
+            None,
+            "pod",
+            {},
+            {"metadata": "x"},
+            {"metadata": {"name": "p", "resourceVersion": {"no": 1}}, "spec": {"nodeName": "n1", "containers": "c"}},
+            {"metadata": {"name": "p"}, "spec": {"nodeName": ["n1"], "containers": [{"resources": {"limits": 1}}]}},
+            {"metadata": {"name": "p"}, "spec": {"nodeName": "n1", "containers": [None, {"resources": []}]}},
+            {"metadata": {"name": "p", "ownerReferences": [None, "x"]}, "spec": {"initContainers": [1]}},
+        ],
+    )
+    def test_malformed_bodies_never_raise(self, body: Any) -> None:
+        """What cannot be read asks for nothing; the index stays empty."""
+        usage = PodUsage()
+        assert usage.upsert(body) == set()
+        assert len(usage) == 0
+
+    def test_a_bad_quantity_counts_as_not_asked(self) -> None:
+        """A quantity that is not a whole number is no units of that resource; the pod's others still count."""
+        usage = PodUsage()
+        usage.upsert(pod(asks={A10: "500m", L40S: "1"}))
+        assert dict(usage.on("n1")[0].units) == {L40S: 1}
+        with pytest.raises(api_pods.BadQuantity):
+            api_pods.asked(pod(asks={A10: "500m"}), {A10})  # the webhook's reading refuses it instead
