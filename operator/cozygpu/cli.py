@@ -90,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
         "webhook_timeout": args.webhook_timeout,
         "grace_period": args.grace_period,
         "sweep_interval": args.sweep_interval,
+        "pod_scan_interval": args.pod_scan_interval,
         "health_host": args.health_host,
         "health_port": args.health_port,
         "webhook_mode": "dev" if args.dev else ("off" if args.no_webhooks else None),
@@ -128,6 +129,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--webhook-timeout", type=float, help="the API server's webhook timeout (default 20)")
     run.add_argument("--grace-period", type=float, help="attachment grace period, seconds (default 120)")
     run.add_argument("--sweep-interval", type=float, help="safety-net sweep period, seconds (default 60)")
+    run.add_argument(
+        "--pod-scan-interval", type=float, help="period of the list of every pod on a node, seconds (default 300)"
+    )
     run.add_argument("--health-host", help="address of /healthz and /readyz (default 0.0.0.0)")
     run.add_argument("--health-port", type=int, help="port of /healthz and /readyz (default 8080)")
     run.add_argument(

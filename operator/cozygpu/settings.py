@@ -23,6 +23,9 @@ class Settings(BaseModel):
     webhook_timeout: float = Field(default=20.0, gt=0, le=30, description="The API server's timeout for our webhook.")
     grace_period: float = Field(default=120.0, gt=0, description="Attachment grace period (§6.3), seconds.")
     sweep_interval: float = Field(default=60.0, gt=0, description="Safety-net sweep period (§6.4), seconds.")
+    pod_scan_interval: float = Field(
+        default=300.0, gt=0, description="Period of the paged list of every pod on a node (§12), seconds."
+    )
     log_format: Literal["json", "console"] = "json"
     log_level: str = "INFO"
     health_host: str = "0.0.0.0"

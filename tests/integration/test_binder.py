@@ -242,7 +242,9 @@ def test_gpunode_status_follows_devices_and_capacity(
         res = (body or {}).get("status", {}).get("resources")
         return res if res and res[0]["held"] == 3 else None
 
-    assert wait_for("GPUNode held 3", resources) == [{"name": gpu.resource, "allocatable": 4, "held": 3, "free": 1}]
+    assert wait_for("GPUNode held 3", resources) == [
+        {"name": gpu.resource, "allocatable": 4, "held": 3, "unmanaged": 0, "free": 1}
+    ]
     assert gpu.cls in kube.get(kinds.GPU_NODE, name)["status"]["classes"]
     nodes.set_gpus(kube, name, {gpu.resource: 2})
 

@@ -168,3 +168,21 @@ class TestThePin:
         """A reinvocation returns the same spec."""
         once = pinned_spec({}, "n1")
         assert pinned_spec(once, "n1") == once
+
+
+class TestAnExemptNamespace:
+    def test_a_pod_with_no_set_of_the_operators_passes_untouched(self) -> None:
+        """§12.3: in a namespace exempt by its label, a launcher of a VMI the operator did not admit, or a pod
+        anyone labelled as one, is not the operator's to refuse."""
+        for user in (CONTROLLER, "alice"):
+            verdict = launchers.judge(launcher({A10: "1"}), user, CONTROLLER, [], CLASSES, exempt=True)
+            assert verdict == launchers.Verdict()
+        assert judge(launcher({A10: "1"}), []).refusal is not None  # the same pod, not exempt
+
+    def test_a_launcher_of_an_admitted_vmi_is_still_pinned_and_held_to_its_set(self) -> None:
+        """The exemption frees what is unmanaged; a held set keeps its pin and its limits (§12.2)."""
+        devices = [attached("a", "a10", 1, "n1")]
+        verdict = launchers.judge(launcher({A10: "1"}), CONTROLLER, CONTROLLER, devices, CLASSES, exempt=True)
+        assert verdict.node == "n1"
+        over = launchers.judge(launcher({A10: "2"}), CONTROLLER, CONTROLLER, devices, CLASSES, exempt=True)
+        assert over.refusal is not None and "more GPUs than VMI vm holds" in over.refusal

@@ -52,9 +52,9 @@ def test_devices_are_counted_by_class_and_phase() -> None:
 
 
 def test_node_units_and_lost_capacity_follow_the_gpunode() -> None:
-    """allocatable, held and free per node and resource, and the LostCapacity condition as 0/1."""
+    """allocatable, held, unmanaged and free per node and resource, and the LostCapacity condition as 0/1."""
     samples = scrape(Metrics(view()))
-    for state, value in (("allocatable", 4), ("held", 2), ("free", 2)):
+    for state, value in (("allocatable", 4), ("held", 2), ("unmanaged", 0), ("free", 2)):
         assert samples[("cozygpu_node_units", (("node", "n1"), ("resource", A10), ("state", state)))] == value
     assert samples[("cozygpu_node_lost_capacity", (("node", "n1"),))] == 0
 

@@ -104,7 +104,7 @@ def set_of(vmi: str, count: int, node: str = "n1", phase: str = "Bound") -> dict
 
 def with_pods(c: Cluster, *bodies: dict[str, Any]) -> Cluster:
     for body in bodies:
-        c.pods.upsert(body)
+        c.apply("Pod", body)
     return c
 
 
@@ -130,7 +130,7 @@ def test_a_pod_that_is_no_launcher_is_unmanaged() -> None:
     """A plain pod asking for a managed resource (one from before the policy): its units and name are shown."""
     c = with_pods(a10_node(), pod("cuda-job", {A10: 1}))
     status = gpunode_status(c, "n1", [], EPOCH)
-    assert only(status) == NodeResource(name=A10, allocatable=4, held=0, unmanaged=1, free=4)
+    assert only(status) == NodeResource(name=A10, allocatable=4, held=0, unmanaged=1, free=3)
     assert status is not None and status.unmanaged_pod_count == 1
     assert status.unmanaged_pods == [UnmanagedPod(pod="t1/cuda-job", units={A10: 1})]
 
@@ -162,7 +162,7 @@ def test_a_launcher_asking_more_than_its_set_holds_counts_the_excess() -> None:
     """§12.2 caps a launcher at its set: units beyond it are unmanaged, the rest are the set's."""
     c = with_pods(a10_node(devices=[set_of("vm", 1)]), pod("virt-launcher-vm-x", {A10: 3}, vmi="vm"))
     status = gpunode_status(c, "n1", [], EPOCH)
-    assert only(status) == NodeResource(name=A10, allocatable=4, held=1, unmanaged=2, free=3)
+    assert only(status) == NodeResource(name=A10, allocatable=4, held=1, unmanaged=2, free=1)
     assert status is not None and status.unmanaged_pods[0].units == {A10: 2}
 
 

@@ -12,7 +12,7 @@ from cozygpu.api import GPUDevice
 from cozygpu.decisions.capacity import held
 from cozygpu.decisions.placement import NoPlacement, Placement, place, place_scanning
 from cozygpu.state.cluster import Cluster
-from tests.builders import A10, L40S, cluster, device, gpu_class, node
+from tests.builders import A10, L40S, cluster, device, gpu_class, node, pod
 
 
 def devices_of(c: Cluster, *names: str) -> list[GPUDevice]:
@@ -237,3 +237,19 @@ def test_best_fit_places_a_new_set_where_looking_at_every_node_would(
         recount = sum(d.spec.count for d in c.devices_on(name) if d.holds_gpus and d.status.node_name == name)
         assert held(c, name).get(A10, 0) == recount
         assert (info.free(A10, recount) >= units) == (name in set(c.best_fit(A10, units)))
+
+
+def test_units_a_pod_behind_the_operators_back_holds_are_not_free() -> None:
+    """§12: a unit an unmanaged pod holds is taken; the set goes where room really is, and the room the pod
+    leaves when it goes counts again (and is news for waiting devices)."""
+    c = cluster(nodes=[node("n1", {A10: 2}), node("n2", {A10: 4})], classes=[gpu_class("a10")])
+    c.apply("Pod", pod("old-job", {A10: 3}, node="n2"))
+    wanted = [GPUDevice.from_wire(device("d", count=2))]
+    assert place(c, wanted) == place_scanning(c, wanted)
+    assert isinstance(outcome := place(c, wanted), Placement) and outcome.node == "n1"
+    generation = c.capacity_generation
+    c.apply("Pod", pod("old-job", {A10: 3}, node="n2", phase="Succeeded"))
+    assert c.taken_units("n2") == {}
+    assert c.capacity_generation > generation
+    c.apply("Pod", pod("other-job", {A10: 2}, node="n1"))
+    assert isinstance(outcome := place(c, wanted), Placement) and outcome.node == "n2"

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cozygpu.api import pods as api_pods
 from cozygpu.state.pods import PodUsage, PodUse
-from tests.builders import A10, L40S, pod
+from tests.builders import A10, L40S, cluster, device, gpu_class, node, pod
 
 
 class TestWhatIsKept:
@@ -130,3 +132,58 @@ class TestOddBodies:
         assert dict(usage.on("n1")[0].units) == {L40S: 1}
         with pytest.raises(api_pods.BadQuantity):
             api_pods.asked(pod(asks={A10: "500m"}), {A10})  # the webhook's reading refuses it instead
+
+
+_pod_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["pod", "launcher", "end", "bind", "unbind", "class"]),
+        st.integers(0, 3),  # which pod, VMI or device
+        st.integers(0, 2),  # which node, or how many units
+    ),
+    max_size=40,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_pod_ops)
+def test_unmanaged_units_always_match_a_recount(ops: list[tuple[str, int, int]]) -> None:
+    """The view's unmanaged units per node (what placement subtracts) equal a recount from scratch, and the
+    free-units order agrees with them, after any sequence of pod, device and class events."""
+    c = cluster(nodes=[node(f"n{k}", {A10: 4}) for k in range(3)], classes=[gpu_class("a10")])
+    versions = iter(range(1000, 100_000))
+    for op, i, j in ops:
+        v = next(versions)
+        if op == "pod":
+            c.apply("Pod", pod(f"p{i}", {A10: 1 + j}, node=f"n{j}", version=v))
+        elif op == "launcher":
+            c.apply("Pod", pod(f"virt-launcher-vm{i}", {A10: 1 + j}, node=f"n{j}", vmi=f"vm{i}", version=v))
+        elif op == "end":
+            c.apply("Pod", pod(f"p{i}", node=f"n{j}", phase="Succeeded", version=v))
+        elif op == "bind":
+            body = device(f"vm{i}-gpu-0", count=1 + j % 2, phase="Bound", node_name=f"n{j}",
+                          status={"attachedTo": {"vmi": f"vm{i}"}})  # fmt: skip
+            body["metadata"]["resourceVersion"] = str(v)
+            c.apply("GPUDevice", body)
+        elif op == "unbind":
+            c.apply("GPUDevice", {"metadata": {"namespace": "t1", "name": f"vm{i}-gpu-0", "resourceVersion": str(v)}},
+                    deleted=True)  # fmt: skip
+        else:
+            cls = gpu_class("a10", A10 if j else L40S)
+            cls["metadata"]["resourceVersion"] = str(v)
+            c.apply("GPUClass", cls)
+    for k in range(3):
+        name = f"n{k}"
+        recount: dict[str, int] = {}
+        for p in c.pods.on(name):
+            own: dict[str, int] = {}
+            for d in c.attached_to(p.namespace, p.vmi) if p.vmi else ():
+                cls = c.classes.get(d.spec.class_name)
+                if cls is not None and d.holds_gpus and d.status.node_name == name:
+                    own[cls.spec.resource_name] = own.get(cls.spec.resource_name, 0) + d.spec.count
+            for r, n in p.units.items():
+                if n > own.get(r, 0):
+                    recount[r] = recount.get(r, 0) + n - own.get(r, 0)
+        assert c.unmanaged_units(name) == recount
+        free = max(0, 4 - c.held_units(name).get(A10, 0) - recount.get(A10, 0))
+        fits = set(c.best_fit(A10, 1))
+        assert (name in fits) == (free >= 1)

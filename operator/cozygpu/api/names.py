@@ -28,6 +28,8 @@ ANNOTATION_DEVICES = f"{GROUP}/devices"
 
 # On GPUDevices (§1.2).
 LABEL_TEMPLATE_DEVICE = f"{GROUP}/template-device"
+# A namespace carrying this label is not guarded by §12 (documented; no namespace has it by default).
+LABEL_UNMANAGED_GPUS = f"{GROUP}/unmanaged-gpus"
 
 # On GPUDevices attached to a live VMI and on GPUClasses still named by a device (§6.5).
 FINALIZER_IN_USE = f"{GROUP}/in-use-protection"

@@ -56,9 +56,15 @@ def held(cluster: Cluster, node: str) -> dict[str, int]:
     return cluster.held_units(node)
 
 
-def free(node: NodeInfo, held_units: dict[str, int], resource: str) -> int:
-    """Allocatable minus held, never below zero (`NodeInfo.free`)."""
-    return node.free(resource, held_units.get(resource, 0))
+def taken(cluster: Cluster, node: str) -> dict[str, int]:
+    """Units not free on the node per resource: held by Bound devices, or by pods the operator did not place
+    (§12: a unit a pod behind its back holds is not free either)."""
+    return cluster.taken_units(node)
+
+
+def free(node: NodeInfo, taken_units: dict[str, int], resource: str) -> int:
+    """Allocatable minus what is taken, never below zero (`NodeInfo.free`)."""
+    return node.free(resource, taken_units.get(resource, 0))
 
 
 @dataclass(frozen=True)

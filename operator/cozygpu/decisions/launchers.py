@@ -41,8 +41,11 @@ def judge(
     controller_user: str,
     attached: Sequence[GPUDevice],
     classes: Mapping[str, GPUClass],
+    *,
+    exempt: bool = False,
 ) -> Verdict:
-    """§12.2: who may create the pod, for which VMI, how many units, on which node."""
+    """§12.2: who may create the pod, for which VMI, how many units, on which node. In a namespace exempt from
+    §12 (`exempt`) a pod with no set of the operator's behind it passes untouched; one with a set is pinned."""
     meta = pod.get("metadata") or {}
     what = f"Pod {meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}"
     managed = {c.spec.resource_name for c in classes.values()}
@@ -52,13 +55,15 @@ def judge(
         return Verdict(refusal=f"{what}: a managed GPU resource: {e}")
     if not wants:
         return Verdict()
+    owner = owner_vmi(pod)
+    if exempt and (owner is None or not _set_of(attached, owner[1])):
+        return Verdict()
     resources = ", ".join(sorted(wants))
     if user != controller_user:
         return Verdict(
             refusal=f"{what} asks for {resources}, which the GPU operator manages: only KubeVirt's controller "
             f"({controller_user}) may create such pods, for VMs that reference GPUDevices"
         )
-    owner = owner_vmi(pod)
     if owner is None:
         return Verdict(refusal=f"{what} asks for {resources} but is not controlled by a VirtualMachineInstance")
     vmi, uid = owner

@@ -1,21 +1,15 @@
 """GPUNode status (§1.3, §8): what a node serves, holds and has lost, from the cluster view.
 
 Besides the units of Bound devices, the status shows the units that pods the operator
-did not place hold on the node (§12), from the view's pod index (`Cluster.pods`):
-- A pod is the operator's when it is the launcher of a VMI (same namespace, the name
-  its controller ownerReference gives) whose attached devices are Bound on this very
-  node; it is measured against what those devices hold there, per resource, and units
-  it asks beyond that count as unmanaged (§12.2 caps a launcher at its set). Each
-  launcher pod is measured on its own: a restart's old launcher, still terminating
-  beside the new one, is not counted twice.
-- Every other pod asking for a managed resource (the `resourceName` of any GPUClass)
-  or one the node's status lists is unmanaged: launchers of VMIs the operator did not
-  admit or whose set is elsewhere, pods created before the no-bypass policy, pods in an
-  exempt namespace. Other extended resources are not the operator's business.
+did not place hold on the node (§12), as the view counts them (`Cluster.unmanaged_on`:
+a launcher is the operator's up to what its VMI's set holds on this very node; every
+other pod's units are unmanaged). Only managed resources (the `resourceName` of any
+GPUClass) and those the node's status lists are shown; other extended resources are
+not the operator's business.
 - Units that such pods take from what Bound devices hold (held + unmanaged above
   allocatable) are lost capacity (§1.3, §5.6): the devices are Bound to units a
   foreign pod is using, and their VMs cannot start there until it ends.
-`free` stays allocatable - held, what the binder counts (`Cluster.held_units`).
+`free` is allocatable - held - unmanaged, what the binder counts (`Cluster.taken_units`).
 """
 
 from __future__ import annotations
@@ -28,7 +22,6 @@ from cozygpu.api.gpunode import MAX_UNMANAGED_PODS
 from cozygpu.api.names import CONDITION_CLASS_CONFLICT, CONDITION_LOST_CAPACITY
 from cozygpu.decisions.capacity import conflicts, held, matching_classes
 from cozygpu.state.cluster import Cluster
-from cozygpu.state.pods import PodUse
 
 # Pods a LostCapacity message names, per crowded resource.
 MAX_NAMED_PODS = 3
@@ -43,28 +36,15 @@ def _condition(
     return Condition(type=type_, status=status, reason=reason, message=message, last_transition_time=since)
 
 
-def _set_on_node(cluster: Cluster, pod: PodUse) -> dict[str, int]:
-    """Units per resource that the devices attached to the pod's VMI hold on the pod's node."""
-    if pod.vmi is None:
-        return {}
-    out: dict[str, int] = defaultdict(int)
-    for d in cluster.attached_to(pod.namespace, pod.vmi):
-        cls = cluster.classes.get(d.spec.class_name)
-        if cls is not None and d.holds_gpus and d.status.node_name == pod.node:
-            out[cls.spec.resource_name] += d.spec.count
-    return out
-
-
 def unmanaged_pods(cluster: Cluster, name: str, listed: set[str]) -> list[UnmanagedPod]:
     """The pods on the node holding units of managed or `listed` resources that no device the operator
-    placed there accounts for, each with those units, by namespace and name."""
+    placed there accounts for (`Cluster.unmanaged_on`), each with those units, by namespace and name."""
     watched = listed | {c.spec.resource_name for c in cluster.classes.values()}
     out = []
-    for pod in cluster.pods.on(name):
-        own = _set_on_node(cluster, pod)
-        extra = {r: n - own.get(r, 0) for r, n in sorted(pod.units.items()) if r in watched and n > own.get(r, 0)}
-        if extra:
-            out.append(UnmanagedPod(pod=pod.ident, vmi=pod.vmi, units=extra))
+    for pod, extra in cluster.unmanaged_on(name):
+        mine = {r: n for r, n in extra.items() if r in watched}
+        if mine:
+            out.append(UnmanagedPod(pod=pod.ident, vmi=pod.vmi, units=mine))
     return out
 
 
@@ -104,7 +84,11 @@ def gpunode_status(cluster: Cluster, name: str, previous: list[Condition], now: 
         units = held_units.get(r, 0)
         resources.append(
             NodeResource(
-                name=r, allocatable=allocatable, held=units, unmanaged=unmanaged[r], free=max(0, allocatable - units)
+                name=r,
+                allocatable=allocatable,
+                held=units,
+                unmanaged=unmanaged[r],
+                free=max(0, allocatable - units - unmanaged[r]),
             )
         )
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cozygpu.api import GPUClass, GPUDevice
-from cozygpu.decisions.capacity import free, held, node_serves, served_classes
+from cozygpu.decisions.capacity import free, node_serves, served_classes, taken
 from cozygpu.state.cluster import Cluster
 from cozygpu.state.nodes import NodeInfo
 
@@ -53,10 +53,10 @@ def _evaluate(
         verdict = node_serves(cluster, node, cls, served)
         if not verdict.ok:
             return verdict.reason
-    held_units = held(cluster, node.name)
+    taken_units = taken(cluster, node.name)
     leftover = 0
     for resource, units in sorted(_needs(devices, classes, node.name).items()):
-        available = free(node, held_units, resource)
+        available = free(node, taken_units, resource)
         if available < units:
             return f"node {node.name} has {available} free of {resource}, needs {units}"
         leftover += available - units

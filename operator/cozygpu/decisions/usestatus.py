@@ -9,7 +9,7 @@ from cozygpu.api.gpubudget import GPUBudgetStatus
 from cozygpu.api.gpuclass import GPUClassStatus
 from cozygpu.api.names import CONDITION_OVER_BUDGET
 from cozygpu.decisions.budgets import usage
-from cozygpu.decisions.capacity import held, served_classes
+from cozygpu.decisions.capacity import served_classes, taken
 from cozygpu.state.cluster import Cluster
 
 
@@ -37,16 +37,16 @@ def budget_status(cluster: Cluster, budget: GPUBudget, now: dt.datetime) -> GPUB
 def class_status(cluster: Cluster, cls: GPUClass) -> GPUClassStatus:
     """The nodes that serve the class and their units of its resource (informational)."""
     resource = cls.spec.resource_name
-    nodes, allocatable, held_units = [], 0, 0
+    nodes, allocatable, taken_units = [], 0, 0
     for name in cluster.nodes_with([resource]):
         node = cluster.nodes[name]
         if all(c.name != cls.name for c in served_classes(cluster, node)):
             continue
         nodes.append(name)
         allocatable += node.units(resource)
-        held_units += held(cluster, name).get(resource, 0)
+        taken_units += taken(cluster, name).get(resource, 0)
     mine = sum(d.spec.count for d in cluster.devices_of_class(cls.name) if d.holds_gpus)
     return GPUClassStatus(
-        nodes=nodes, allocatable=allocatable, held=mine, free=max(0, allocatable - held_units),
+        nodes=nodes, allocatable=allocatable, held=mine, free=max(0, allocatable - taken_units),
         conditions=cls.status.conditions,
     )  # fmt: skip

@@ -1,18 +1,21 @@
-"""pykube-ng behind one small surface: get, list, create, replace, patch, delete.
+"""pykube-ng behind one small surface: get, list, watch, create, replace, patch, delete.
 
 Callers: the dev control plane and test helpers (synchronously, `Kube`) and the
-operator's executors (`AsyncKube`, each call in a worker thread). API failures come
-out as `ApiError` subclasses that say which object and why.
+operator's executors (`AsyncKube`, each call in a worker thread; a watch streams in
+a thread of its own). API failures come out as `ApiError` subclasses that say which
+object and why.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import json
+import threading
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -162,13 +165,39 @@ class Kube:
         answer = self._call("GET", kind, namespace=namespace, params=params)
         return answer["items"], str(answer.get("metadata", {}).get("resourceVersion", ""))
 
-    def list_page(self, kind: Kind, limit: int, after: str = "") -> tuple[list[Body], str, str]:
+    def list_page(
+        self, kind: Kind, limit: int, after: str = "", *, label_selector: str = "", field_selector: str = ""
+    ) -> tuple[list[Body], str, str]:
         """One page of a list across namespaces: its items, the list's resourceVersion (every page of one
         list shows the same point in time) and the token for the next page, empty after the last."""
         params = {"limit": str(limit), **({"continue": after} if after else {})}
+        params.update(_selectors(label_selector, field_selector))
         answer = self._call("GET", kind, params=params)
         meta = answer.get("metadata", {})
         return answer["items"], str(meta.get("resourceVersion", "")), str(meta.get("continue") or "")
+
+    def watch(
+        self,
+        kind: Kind,
+        resource_version: str,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        timeout: int = 240,
+    ) -> Watch:
+        """The events of `kind` across namespaces after `resource_version`, until the server ends the stream
+        (after about `timeout` seconds) or `Watch.close`. Bookmarks are asked for, so the version to resume
+        from stays fresh on a quiet stream; a 410 arrives as an ERROR event whose object is a Status."""
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout),
+            **_selectors(label_selector, field_selector),
+        }
+        # A session of its own: a stream held for minutes must not take one of the callers' connections.
+        api = pykube.HTTPClient(self._api.config, timeout=self._api.timeout)
+        return Watch(api, kind, params, timeout)
 
     def list(self, kind: Kind, namespace: str | None = None, label_selector: str | None = None) -> list[Body]:
         return self.list_versioned(kind, namespace, label_selector)[0]
@@ -277,6 +306,52 @@ class Kube:
         return response
 
 
+def _selectors(label_selector: str, field_selector: str) -> dict[str, str]:
+    return {
+        **({"labelSelector": label_selector} if label_selector else {}),
+        **({"fieldSelector": field_selector} if field_selector else {}),
+    }
+
+
+class Watch:
+    """One watch stream: iterate for (type, object) pairs; `close` ends it from another thread."""
+
+    def __init__(self, api: pykube.HTTPClient, kind: Kind, params: dict[str, str], timeout: int) -> None:
+        self._api, self._kind, self._params, self._timeout = api, kind, params, timeout
+        self._response: requests.Response | None = None
+        self._closed = False
+
+    def __iter__(self) -> Iterator[tuple[str, Body]]:
+        response = self._api.request(
+            "GET", version=self._kind.api_version, url=self._kind.plural, params=self._params,
+            stream=True, timeout=(10, self._timeout + 30),
+        )  # fmt: skip
+        self._response = response
+        try:
+            if not response.ok:
+                raise _error(response, f"{self._kind.kind}s")
+            for line in response.iter_lines():
+                if self._closed:
+                    return
+                if line:
+                    event = json.loads(line)
+                    yield str(event.get("type", "")), event.get("object") or {}
+        finally:
+            response.close()
+            self._api.session.close()
+
+    def close(self) -> None:
+        """End the stream now. Closing the response here would wait for the reading thread's lock (until the
+        server next sends something); shutting the socket down wakes that thread, which closes it."""
+        self._closed = True
+        if self._response is not None:
+            with contextlib.suppress(Exception):  # already released: the stream has ended anyway
+                self._response.raw.shutdown()
+
+
+_END = object()
+
+
 class AsyncKube:
     """The same calls as `Kube`, each run in a worker thread of its own pool.
 
@@ -330,8 +405,55 @@ class AsyncKube:
     async def list_versioned(self, kind: Kind) -> tuple[list[Body], str]:
         return await self._run(self.sync.list_versioned, kind)
 
-    async def list_page(self, kind: Kind, limit: int, after: str = "") -> tuple[list[Body], str, str]:
-        return await self._run(self.sync.list_page, kind, limit, after)
+    async def list_page(
+        self, kind: Kind, limit: int, after: str = "", *, label_selector: str = "", field_selector: str = ""
+    ) -> tuple[list[Body], str, str]:
+        return await self._run(
+            self.sync.list_page, kind, limit, after, label_selector=label_selector, field_selector=field_selector
+        )
+
+    async def watch(
+        self,
+        kind: Kind,
+        resource_version: str,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        timeout: int = 240,
+    ) -> AsyncIterator[tuple[str, Body]]:
+        """`Kube.watch`, its stream read in a thread of its own (not the pool's: it is held for minutes), its
+        events handed to the event loop in order. Leaving the iteration closes the stream."""
+        stream = self.sync.watch(
+            kind, resource_version, label_selector=label_selector, field_selector=field_selector, timeout=timeout
+        )
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        def hand(item: Any) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                stream.close()
+
+        def pump() -> None:
+            try:
+                for event in stream:
+                    hand(event)
+                hand(_END)
+            except BaseException as e:  # handed to the reader, who raises it
+                hand(e)
+
+        threading.Thread(target=pump, name=f"watch-{kind.plural}", daemon=True).start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stream.close()
 
     async def list(self, kind: Kind, namespace: str | None = None) -> list[Body]:
         return await self._run(self.sync.list, kind, namespace)

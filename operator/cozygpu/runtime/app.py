@@ -29,6 +29,7 @@ from cozygpu.runtime.gate import Gate
 from cozygpu.runtime.health import HealthServer
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.pod_webhook import LauncherAdmission
+from cozygpu.runtime.podwatch import PodWatch
 from cozygpu.runtime.registration import Registration
 from cozygpu.runtime.reservations import Reservations
 from cozygpu.runtime.resync import Resync
@@ -98,6 +99,9 @@ class Operator:
             synced=lambda: self.synced,
         )
         self._resync = Resync(self.view, self.kube)
+        self.pods = PodWatch(
+            self.view, self.kube, scan_interval=settings.pod_scan_interval, recheck_interval=settings.sweep_interval
+        )
         self.registration = Registration(settings, self.kube)
         self.health = HealthServer(settings.health_host, settings.health_port, self.readiness, self.metrics.render)
         self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
@@ -166,12 +170,14 @@ class Operator:
         if self.leadership is not None:  # a standby lists and decides nothing (§10: one active replica)
             await self.leadership.acquire(self._waiting)
         await self.resync()
+        await self.pods.start()
         self.validation.operator_user = await self.kube.whoami()
         self.synced = True
         self._tasks = [
             asyncio.create_task(self.accountant.run(), name="accountant"),
             asyncio.create_task(self.collector.run(), name="collector"),
             asyncio.create_task(self._resync.every(self.settings.sweep_interval), name="resync"),
+            asyncio.create_task(self.pods.run(), name="pods"),
         ]
         if self.leadership is not None:
             self._tasks.append(asyncio.create_task(self.leadership.hold(), name="leadership"))

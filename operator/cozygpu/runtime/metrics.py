@@ -79,7 +79,7 @@ class ViewCollector(Collector):
     def _nodes(self) -> Iterator[GaugeMetricFamily]:
         units = GaugeMetricFamily(
             "cozygpu_node_units",
-            "GPU units per node and resource as its GPUNode says (state: allocatable, held, free).",
+            "GPU units per node and resource as its GPUNode says (state: allocatable, held, unmanaged, free).",
             labels=["node", "resource", "state"],
         )
         lost = GaugeMetricFamily(
@@ -87,7 +87,13 @@ class ViewCollector(Collector):
         )
         for name, gpunode in sorted(self._cluster.gpunodes.items()):
             for r in gpunode.status.resources:
-                for state, value in (("allocatable", r.allocatable), ("held", r.held), ("free", r.free)):
+                states = (
+                    ("allocatable", r.allocatable),
+                    ("held", r.held),
+                    ("unmanaged", r.unmanaged),
+                    ("free", r.free),
+                )
+                for state, value in states:
                     units.add_metric([name, r.name, state], value)
             lost.add_metric([name], _condition_true(gpunode.status.conditions, CONDITION_LOST_CAPACITY))
         yield units

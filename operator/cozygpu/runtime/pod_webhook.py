@@ -14,6 +14,7 @@ from typing import Any
 
 import structlog
 
+from cozygpu.api.names import LABEL_UNMANAGED_GPUS
 from cozygpu.decisions import launchers
 from cozygpu.decisions.pinning import is_pinned, pinned_spec
 from cozygpu.state.cluster import Cluster
@@ -38,7 +39,8 @@ class LauncherAdmission:
         owner = launchers.owner_vmi(pod)
         vmi = owner[0] if owner else None
         attached = self._cluster.attached_to(namespace, vmi) if vmi else []
-        verdict = launchers.judge(pod, user, self._controller_user, attached, self._cluster.classes)
+        exempt = LABEL_UNMANAGED_GPUS in self._cluster.namespace_labels(namespace)
+        verdict = launchers.judge(pod, user, self._controller_user, attached, self._cluster.classes, exempt=exempt)
         fields = {"namespace": namespace, "pod": meta.get("name") or meta.get("generateName"), "vmi": vmi}
         if verdict.refusal is not None:
             log.info("pod.refused", reason=verdict.refusal, user=user, **fields)

@@ -16,11 +16,9 @@ from typing import Any
 
 import yaml
 
-from cozygpu.api.names import API_VERSION, LABEL_DEVICE_REFERENCE
+from cozygpu.api.names import API_VERSION, LABEL_DEVICE_REFERENCE, LABEL_UNMANAGED_GPUS
 
 NAME = "cozy-gpu-operator-no-bypass"
-# A namespace carrying this label is not guarded (documented; no namespace has it by default).
-EXEMPT_LABEL = "gpu.cozystack.io/unmanaged-gpus"
 
 _ASKS = "(has({c}.resources) && ((has({c}.resources.requests) && variables.resource in {c}.resources.requests) || " \
         "(has({c}.resources.limits) && variables.resource in {c}.resources.limits)))"  # fmt: skip
@@ -102,7 +100,7 @@ def binding() -> dict[str, Any]:
             "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"},
             "validationActions": ["Deny"],
             "matchResources": {
-                "namespaceSelector": {"matchExpressions": [{"key": EXEMPT_LABEL, "operator": "DoesNotExist"}]}
+                "namespaceSelector": {"matchExpressions": [{"key": LABEL_UNMANAGED_GPUS, "operator": "DoesNotExist"}]}
             },
         },
     }

@@ -18,15 +18,15 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode
-from cozygpu.api.kinds import WATCHED
+from cozygpu.api.kinds import VIEWED
 from cozygpu.state.nodes import NodeInfo, node_info
-from cozygpu.state.pods import PodUsage
+from cozygpu.state.pods import PodUsage, PodUse
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 DeviceKey = tuple[str, str]  # (namespace, name)
 
 # Every kind the view holds, by name.
-KINDS = tuple(k.kind for k in WATCHED)
+KINDS = tuple(k.kind for k in VIEWED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +91,8 @@ class Cluster:
         self._held_res: dict[str, dict[str, int]] = {}
         self._counted: dict[DeviceKey, tuple[str, str, int]] = {}
         self._by_free: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        # Units pods the operator did not place hold per node and resource (§12): not free either.
+        self._unmanaged_res: dict[str, dict[str, int]] = {}
         self._free_at: dict[tuple[str, str], int] = {}
         # Decisions whose writes are in flight, with the resourceVersion each was decided on.
         self._assumed: dict[DeviceKey, tuple[int, int]] = {}  # the version decided on, the assumption's token
@@ -119,6 +121,7 @@ class Cluster:
             "Namespace": (self.upsert_namespace, lambda _ns, n, rv: self.remove_namespace(n, rv)),
             "KubeVirt": (self.upsert_kubevirt, self.remove_kubevirt),
             "VirtualMachineInstance": (self.upsert_vmi, self.remove_vmi),
+            "Pod": (self._upsert_pod, self._remove_pod),
         }
 
     # -- the door ----------------------------------------------------------
@@ -210,6 +213,8 @@ class Cluster:
                 self._namespaces_touched.add(d.namespace or "")
                 if d.status.node_name:
                     self._nodes_touched.add(d.status.node_name)
+                    # A set Bound or gone on a node changes which of its pods are the operator's.
+                    self._recount_unmanaged(d.status.node_name)
 
     def _index(self, key: DeviceKey, device: GPUDevice) -> None:
         if device.status.node_name:
@@ -298,7 +303,8 @@ class Cluster:
             del order[bisect.bisect_left(order, (old, node))]
         info = self.nodes.get(node)
         if info is not None and resource in info.allocatable:
-            now = info.free(resource, self._held_res.get(node, {}).get(resource, 0))
+            taken = self._held_res.get(node, {}).get(resource, 0) + self._unmanaged_res.get(node, {}).get(resource, 0)
+            now = info.free(resource, taken)
             bisect.insort(order, (now, node))
             self._free_at[(resource, node)] = now
         if not order:
@@ -307,6 +313,17 @@ class Cluster:
     def held_units(self, node: str) -> dict[str, int]:
         """Units held on the node per resource by Bound devices (of every namespace)."""
         return dict(self._held_res.get(node, {}))
+
+    def unmanaged_units(self, node: str) -> dict[str, int]:
+        """Units pods the operator did not place hold on the node, per resource (§12; `unmanaged_on`)."""
+        return dict(self._unmanaged_res.get(node, {}))
+
+    def taken_units(self, node: str) -> dict[str, int]:
+        """Units not free on the node per resource: held by Bound devices or by pods the operator did not place."""
+        taken = dict(self._held_res.get(node, {}))
+        for resource, units in self._unmanaged_res.get(node, {}).items():
+            taken[resource] = taken.get(resource, 0) + units
+        return taken
 
     def best_fit(self, resource: str, units: int) -> Iterator[str]:
         """Nodes with at least `units` free of the resource, fewest free first, then by name: where
@@ -393,6 +410,60 @@ class Cluster:
         """Nodes that some device names but the view does not have, sorted."""
         return sorted(self._gone_nodes)
 
+    # -- pods holding units (§1.3, §12) ---------------------------------------
+
+    def _upsert_pod(self, body: dict[str, Any]) -> None:
+        self._pods_touched(self.pods.upsert(body))
+
+    def _remove_pod(self, namespace: str, name: str, resource_version: str | None) -> None:
+        self._pods_touched(self.pods.remove(namespace, name, resource_version))
+
+    def _pods_touched(self, nodes: set[str]) -> None:
+        self._nodes_touched |= nodes
+        self._changed = bool(nodes)
+        for node in nodes:
+            self._recount_unmanaged(node)
+
+    def _set_on_node(self, pod: PodUse) -> dict[str, int]:
+        """Units per resource the devices attached to the pod's VMI hold Bound on the pod's node."""
+        out: dict[str, int] = {}
+        for d in self.attached_to(pod.namespace, pod.vmi) if pod.vmi else ():
+            cls = self.classes.get(d.spec.class_name)
+            if cls is not None and d.holds_gpus and d.status.node_name == pod.node:
+                out[cls.spec.resource_name] = out.get(cls.spec.resource_name, 0) + d.spec.count
+        return out
+
+    def unmanaged_on(self, node: str) -> list[tuple[PodUse, dict[str, int]]]:
+        """The pods on the node holding units no device the operator Bound there accounts for, each with those
+        units. A launcher is the operator's up to what its VMI's set holds on this very node (§12.2 caps it
+        there); each launcher is measured on its own, so a restart's old launcher, still terminating beside
+        the new one, is not counted twice. Every other pod's units are unmanaged."""
+        out = []
+        for pod in self.pods.on(node):
+            own = self._set_on_node(pod)
+            extra = {r: n - own.get(r, 0) for r, n in sorted(pod.units.items()) if n > own.get(r, 0)}
+            if extra:
+                out.append((pod, extra))
+        return out
+
+    def _recount_unmanaged(self, node: str) -> None:
+        """Keep the node's unmanaged units current; room that appears is news for waiting devices (§5.5)."""
+        if node not in self._unmanaged_res and not self.pods.holds_on(node):
+            return
+        now: dict[str, int] = {}
+        for _, extra in self.unmanaged_on(node):
+            for resource, units in extra.items():
+                now[resource] = now.get(resource, 0) + units
+        before = self._unmanaged_res.pop(node, {})
+        if now:
+            self._unmanaged_res[node] = now
+        if now == before:
+            return
+        for resource in set(now) | set(before):
+            self._reorder(node, resource)
+        if any(now.get(r, 0) < n for r, n in before.items()):
+            self.capacity_generation += 1
+
     # -- the rest ----------------------------------------------------------
 
     def _bury(self, kind: str, key: Any, removal: str | None, stored: str | None) -> None:
@@ -423,6 +494,7 @@ class Cluster:
                 self._recount_class(cls.name)
             self.capacity_generation += 1
             self._all_nodes = self._changed = True
+            self._recount_unmanaged_everywhere()
 
     def remove_class(self, name: str, resource_version: str | None = None) -> None:
         old = self.classes.pop(name, None)
@@ -430,6 +502,12 @@ class Cluster:
         self._recount_class(name)
         self.capacity_generation += 1
         self._all_nodes, self._changed = True, old is not None
+        self._recount_unmanaged_everywhere()
+
+    def _recount_unmanaged_everywhere(self) -> None:
+        """A class changed: which resource a set holds may have too (few nodes: those with such pods)."""
+        for node in set(self.pods.nodes()) | set(self._unmanaged_res):
+            self._recount_unmanaged(node)
 
     def upsert_budget(self, body: dict[str, Any]) -> None:
         budget = GPUBudget.from_wire(body)

@@ -126,6 +126,13 @@ class PodUsage:
         """The pods holding units on the node, by namespace and name."""
         return [self._pods[k] for k in sorted(self._on.get(node, ()))]
 
+    def holds_on(self, node: str) -> bool:
+        return node in self._on
+
+    def nodes(self) -> list[str]:
+        """The nodes some pod here holds units on."""
+        return list(self._on)
+
     def get(self, namespace: str, name: str) -> PodUse | None:
         return self._pods.get((namespace, name))
 

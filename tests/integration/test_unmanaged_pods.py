@@ -1,0 +1,124 @@
+"""Units held behind the operator's back (§12, §1.3): seen on the GPUNode, and not given to a held device."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cozygpu.api import kinds
+from cozygpu.api.names import LABEL_UNMANAGED_GPUS
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube.adapter import ApiError, Body, Kube
+from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
+from tests.helpers import gpu_device_body
+
+
+def holding_pod(name: str, namespace: str, node: str, asks: dict[str, int], vmi: str | None = None) -> Body:
+    """A pod already placed on `node` (as kube-scheduler or a person's nodeName would), asking for `asks`."""
+    resources = {r: str(n) for r, n in asks.items()}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
+    if vmi is not None:  # what virt-controller renders: its label, the VMI as controller
+        meta["labels"] = {"kubevirt.io": "virt-launcher"}
+        meta["ownerReferences"] = [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vmi,
+                                    "uid": str(uuid.uuid4()), "controller": True}]  # fmt: skip
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.invalid/x",
+                     "resources": {"requests": resources, "limits": resources}}]}}  # fmt: skip
+
+
+def end(kube: Kube, name: str, namespace: str, phase: str = "Succeeded") -> None:
+    """The pod finishes, as its kubelet would report (no kubelet runs here to delete it)."""
+    body = kube.get(kinds.POD, name, namespace)
+    body["status"] = {**(body.get("status") or {}), "phase": phase}
+    kube.replace_status(kinds.POD, body)
+
+
+def unmanaged(kube: Kube, node: str, resource: str) -> tuple[int, list[dict[str, Any]]]:
+    """The GPUNode's unmanaged units of `resource`, and the pods it names."""
+    status = (kube.get_or_none(kinds.GPU_NODE, node) or {}).get("status") or {}
+    units = next((r.get("unmanaged", 0) for r in status.get("resources", []) if r["name"] == resource), 0)
+    return units, status.get("unmanagedPods", [])
+
+
+@pytest.fixture
+def quick(operator_kubeconfig: Path, tmp_path: Path) -> Iterator[OperatorProcess]:
+    """The whole operator, re-reading the pods it found every 2 s."""
+    process = start_admitting_operator(operator_kubeconfig, tmp_path, "--sweep-interval", "2", "--bind-timeout", "5")
+    yield process
+    process.stop()
+
+
+def test_a_pod_that_predates_the_guard_shows_on_its_node_and_takes_no_held_units(
+    operator_kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
+) -> None:
+    """A pod asking for a managed resource, created before the operator (and its policy) ran, is found by the
+    start-up list: the GPUNode names it with its units, LostCapacity stays False while nothing is crowded, and
+    the binder does not hand its unit to a held device; when it ends, the unit is free again."""
+    node = gpu_node({gpu.resource: 2})["metadata"]["name"]
+    kube.create(kinds.POD, holding_pod("old-job", namespace, node, {gpu.resource: 1}))
+    process = start_admitting_operator(operator_kubeconfig, tmp_path, "--sweep-interval", "2")
+    try:
+        units, pods = wait_for("the old pod on the GPUNode", lambda: (u := unmanaged(kube, node, gpu.resource))[0]
+                               and u, timeout=30)  # fmt: skip
+        assert units == 1
+        assert pods == [{"pod": f"{namespace}/old-job", "units": {gpu.resource: 1}}]
+        status = kube.get(kinds.GPU_NODE, node)["status"]
+        assert next(r for r in status["resources"] if r["name"] == gpu.resource)["free"] == 1
+        kube.create(kinds.GPU_DEVICE, gpu_device_body("pair", namespace, gpu.cls, count=2))
+
+        def waiting() -> str | None:
+            st = kube.get(kinds.GPU_DEVICE, "pair", namespace).get("status") or {}
+            return st.get("message") if st.get("phase") == "Pending" else None
+
+        assert f"has 1 free of {gpu.resource}, needs 2" in wait_for("the pair waiting", waiting)
+        end(kube, "old-job", namespace)
+        wait_for("the unit back", lambda: unmanaged(kube, node, gpu.resource) == (0, []), timeout=20)
+        bound = wait_for("the pair Bound", lambda: (kube.get(kinds.GPU_DEVICE, "pair", namespace).get("status")
+                         or {}).get("phase") == "Bound" and kube.get(kinds.GPU_DEVICE, "pair", namespace))  # fmt: skip
+        assert bound["status"]["nodeName"] == node
+    finally:
+        process.stop()
+
+
+def test_a_launcher_the_operator_did_not_admit_is_watched_in_and_out(
+    quick: OperatorProcess, kube: Kube, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """In a namespace exempt from §12, a launcher pod of a VMI the operator never admitted passes the pod
+    webhook untouched, and the launcher watch shows it on the GPUNode at once, with its VMI, and takes it off
+    when it fails; crowding a held device's units raises LostCapacity (UnmanagedPods) meanwhile."""
+    namespace = f"exempt-{uuid.uuid4().hex[:6]}"
+    meta = {"name": namespace, "labels": {LABEL_UNMANAGED_GPUS: "true"}}
+    kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": meta})
+    node = gpu_node({gpu.resource: 2})["metadata"]["name"]
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("held", namespace, gpu.cls, count=2))
+    wait_for("the held device Bound", lambda: (kube.get(kinds.GPU_DEVICE, "held", namespace).get("status") or {})
+             .get("nodeName") == node)  # fmt: skip
+    launcher = holding_pod("virt-launcher-stray", namespace, node, {gpu.resource: 1}, vmi="stray")
+
+    def created() -> Body | None:
+        try:  # the operator hears of the namespace's label a moment after it is created
+            return kube.create(kinds.POD, launcher)
+        except ApiError as e:
+            if e.status != 403:
+                raise
+            return None
+
+    pod = wait_for("the stray launcher admitted", created)
+    assert pod["spec"].get("affinity") is None  # untouched: no set of the operator's to pin it to
+    units, pods = wait_for("the launcher on the GPUNode", lambda: (u := unmanaged(kube, node, gpu.resource))[0] and u)
+    assert (units, pods) == (1, [{"pod": f"{namespace}/virt-launcher-stray", "vmi": "stray",
+                                  "units": {gpu.resource: 1}}])  # fmt: skip
+
+    def lost() -> dict[str, Any] | None:
+        conditions = (kube.get(kinds.GPU_NODE, node).get("status") or {}).get("conditions", [])
+        return next((c for c in conditions if c["type"] == "LostCapacity" and c["status"] == "True"), None)
+
+    condition = wait_for("LostCapacity", lost)
+    assert condition["reason"] == "UnmanagedPods" and f"{namespace}/virt-launcher-stray" in condition["message"]
+    end(kube, "virt-launcher-stray", namespace, phase="Failed")
+    wait_for("the launcher gone from the GPUNode", lambda: unmanaged(kube, node, gpu.resource) == (0, []), timeout=10)
+    wait_for("capacity intact again", lambda: lost() is None, timeout=10)
