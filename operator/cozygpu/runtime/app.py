@@ -18,6 +18,7 @@ from typing import Any
 import kopf
 import structlog
 
+from cozygpu.api import kinds
 from cozygpu.kube import credentials
 from cozygpu.kube.adapter import AsyncKube, Kube
 from cozygpu.runtime import leadership, webhooks
@@ -27,6 +28,7 @@ from cozygpu.runtime.collector import Collector
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.gate import Gate
 from cozygpu.runtime.health import HealthServer
+from cozygpu.runtime.informer import Informer
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.pod_webhook import LauncherAdmission
 from cozygpu.runtime.podwatch import PodWatch
@@ -98,7 +100,8 @@ class Operator:
             self.metrics,
             synced=lambda: self.synced,
         )
-        self._resync = Resync(self.view, self.kube)
+        self.informers = [Informer(self.view, self.kube, kind) for kind in kinds.WATCHED]
+        self._resync = Resync(self.informers)
         self.pods = PodWatch(
             self.view, self.kube, scan_interval=settings.pod_scan_interval, recheck_interval=settings.sweep_interval
         )
@@ -129,10 +132,6 @@ class Operator:
         return True, ""
 
     # -- events --------------------------------------------------------------
-
-    def on_event(self, kind: str, event: dict[str, Any]) -> None:
-        """A watch event of a watched kind, from kopf."""
-        self.view.event(kind, event)
 
     def _device_seen(self, change: Change) -> None:
         if not change.deleted:
@@ -169,7 +168,7 @@ class Operator:
         await self.health.start()
         if self.leadership is not None:  # a standby lists and decides nothing (§10: one active replica)
             await self.leadership.acquire(self._waiting)
-        await self.resync()
+        await self._resync.once(resume=True)  # the view seeded; each kind's watch goes on from its list
         await self.pods.start()
         self.validation.operator_user = await self.kube.whoami()
         self.synced = True
@@ -178,6 +177,7 @@ class Operator:
             asyncio.create_task(self.collector.run(), name="collector"),
             asyncio.create_task(self._resync.every(self.settings.sweep_interval), name="resync"),
             asyncio.create_task(self.pods.run(), name="pods"),
+            *(asyncio.create_task(i.run(), name=f"watch-{i.kind.plural}") for i in self.informers),
         ]
         if self.leadership is not None:
             self._tasks.append(asyncio.create_task(self.leadership.hold(), name="leadership"))

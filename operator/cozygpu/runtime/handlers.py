@@ -1,8 +1,9 @@
 """The kopf registration: each handler unpacks its arguments and makes one call.
 
-Every kind is observed with `@kopf.on.event` only, so kopf writes no progress
-annotations or finalizers on anything, ours or not. Admission handlers are served
-at /<id> by the webhook server the Operator configures.
+kopf runs the process (start-up, clean-up, login) and serves the admission handlers
+at /<id> on the webhook server the Operator configures. It watches nothing: the
+operator's informers (runtime.informer) do, so kopf writes no progress annotations or
+finalizers on anything and keeps no per-object state.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 
 import kopf
 
-from cozygpu.api import kinds
 from cozygpu.api.names import GROUP, KUBEVIRT_GROUP, KUBEVIRT_VERSION, VERSION
 from cozygpu.runtime import webhooks
 from cozygpu.runtime.app import Operator
@@ -40,9 +40,6 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo:
         return operator.login(kwargs)
-
-    for kind in kinds.WATCHED:
-        _observe(registry, operator, kind)
 
     if operator.settings.webhook_mode == "off":
         return
@@ -72,10 +69,3 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
 
 def _raw(body: kopf.Body | None) -> Any:
     return None if body is None else {k: v for k, v in body.items()}
-
-
-def _observe(registry: kopf.OperatorRegistry, operator: Operator, kind: kinds.Kind) -> None:
-    @kopf.on.event(kind.group, kind.version, kind.plural, registry=registry, id=f"observe-{kind.plural}")
-    async def observe(event: kopf.RawEvent, **_: Any) -> None:
-        # Async on purpose: kopf runs sync handlers in threads, and the view is single-threaded.
-        operator.on_event(kind.kind, dict(event))

@@ -631,14 +631,23 @@ class Cluster:
 
     def holds(self, kind: str, key: Any, resource_version: str | None) -> bool:
         """Whether the view already holds this object at exactly this version: a resync skips it unread."""
+        if kind == "Pod":
+            pod = self.pods.get(*key)
+            return pod is not None and pod.resource_version == version(resource_version)
         stored = self._stored(kind).get(key)
         return stored is not None and self._version_of(stored) == version(resource_version)
+
+    def knows(self, kind: str, key: Any) -> bool:
+        """Whether the view holds an object of this kind and key, at any version."""
+        return self.pods.get(*key) is not None if kind == "Pod" else key in self._stored(kind)
 
     def missing(self, kind: str, listed: set[Any], list_version: str | None) -> list[Any]:
         """Keys of `kind` the view holds that a list at `list_version` lacks, stored at a version no newer.
 
         Such an object was removed while no watch event could say so (the start-up race between two
         lists, a watch gap); what is newer than the list arrived after it and stays."""
+        if kind == "Pod":
+            return self.pods.missing(listed, list_version)
         limit = version(list_version)
         return sorted(
             (k for k, v in self._stored(kind).items() if k not in listed and self._version_of(v) <= limit), key=str

@@ -1,0 +1,151 @@
+"""Informers: the operator's own list-then-watch of one kind, into the view's one door (§6.4, §13).
+
+An informer lists its kind in pages and makes the view agree (what the view holds at a
+version no newer than the list, but the list lacks, was removed where no event said so,
+and is forgotten as a DELETED event would forget it); then it watches from the list's
+resourceVersion, with bookmarks, so nothing between the list and the watch is missed.
+A stream the server ends is resumed from the last version seen; a version that expired
+(410) is listed anew; any error of the API or the network is logged and retried with
+capped backoff and jitter, so the task never ends on its own.
+
+Called by the Operator (one per watched kind; the resync lists through them), and by
+the pod watch (runtime.podwatch) with selectors. kopf watches nothing: no per-object
+state of kopf's is kept, and no handler machinery runs per event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from cozygpu.api import kinds
+from cozygpu.kube.adapter import ApiError, AsyncKube
+from cozygpu.runtime.view import View
+
+log = structlog.get_logger("cozygpu.watch")
+
+PAGE = 500
+BACKOFF = (0.5, 30.0)  # the first retry's delay and the cap, seconds
+WATCH_TIMEOUT = 240  # the server ends each stream after this long; resumed at once
+
+
+class Expired(Exception):
+    """The version to resume from is too old for the server (410 Gone): list anew."""
+
+
+def key_of(kind: kinds.Kind, body: dict[str, Any]) -> Any:
+    meta = body.get("metadata") or {}
+    return (meta.get("namespace", ""), meta.get("name", "")) if kind.namespaced else meta.get("name", "")
+
+
+def _version(body: dict[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+
+class Informer:
+    def __init__(
+        self,
+        view: View,
+        kube: AsyncKube,
+        kind: kinds.Kind,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        wanted: Callable[[dict[str, Any]], bool] | None = None,
+        in_scope: Callable[[Any], bool] | None = None,
+    ) -> None:
+        """`wanted`: objects worth a look at all (others not even a Change, unless the view holds them);
+        `in_scope`: which keys the view holds that this informer's selectors cover (all by default)."""
+        self.kind = kind
+        self._view = view
+        self._kube = kube
+        self._labels = label_selector
+        self._fields = field_selector
+        self._wanted = wanted
+        self._in_scope = in_scope
+        self._at = ""  # the version the watch resumes from; empty: list first
+
+    def _take(self, body: dict[str, Any], *, deleted: bool = False) -> None:
+        unwanted = self._wanted is not None and not deleted and not self._wanted(body)
+        if unwanted and not self._view.cluster.knows(self.kind.kind, key_of(self.kind, body)):
+            return
+        self._view.apply(self.kind.kind, body, deleted=deleted)
+
+    async def list(self, *, resume: bool = True) -> tuple[int, int]:
+        """List and make the view agree; returns (forgotten, unchanged). With `resume`, the watch continues
+        from this list's version."""
+        cluster = self._view.cluster
+        listed: set[Any] = set()
+        version, after, unchanged = "", "", 0
+        while True:
+            # Pages, and the event loop's turn between them: a list of 50,000 devices must not hold up
+            # admissions (§13.3), nor hold every object of a kind in memory at once.
+            items, version, after = await self._kube.list_page(
+                self.kind, PAGE, after, label_selector=self._labels, field_selector=self._fields
+            )
+            for item in items:
+                key = key_of(self.kind, item)
+                listed.add(key)
+                if cluster.holds(self.kind.kind, key, _version(item)):
+                    unchanged += 1  # what the view has at this very version needs no second reading
+                    continue
+                self._take(item)
+            await asyncio.sleep(0)
+            if not after:
+                break
+        forgotten = 0
+        for key in cluster.missing(self.kind.kind, listed, version):
+            if self._in_scope is not None and not self._in_scope(key):
+                continue
+            namespace, name = key if isinstance(key, tuple) else ("", key)
+            self._view.forget(self.kind.kind, namespace, name, version)
+            log.info("view.forgot", kind=self.kind.kind, namespace=namespace or None, name=name)
+            forgotten += 1
+        if resume:
+            self._at = version
+        return forgotten, unchanged
+
+    async def run(self) -> None:
+        """Watch until cancelled, from the last list (made first if there is none)."""
+        failures = 0
+        while True:
+            try:
+                if not self._at:
+                    started = time.monotonic()
+                    forgotten, _ = await self.list()
+                    log.info("watch.listed", kind=self.kind.kind, forgotten=forgotten,
+                             duration_ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
+                await self._follow()
+                failures = 0
+            except Expired:
+                log.info("watch.expired", kind=self.kind.kind)
+                self._at = ""
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                failures += 1
+                delay = min(BACKOFF[1], BACKOFF[0] * 2 ** min(failures - 1, 10)) * random.uniform(0.5, 1.0)
+                if isinstance(e, ApiError) and e.status == 410:
+                    self._at = ""
+                log.warning("watch.failed", kind=self.kind.kind, error=str(e) or type(e).__name__,
+                            failures=failures, retry_in_s=round(delay, 2))  # fmt: skip
+                await asyncio.sleep(delay)
+
+    async def _follow(self) -> None:
+        """One stream from the last version seen, until the server ends it."""
+        async for event, body in self._kube.watch(
+            self.kind, self._at, label_selector=self._labels, field_selector=self._fields, timeout=WATCH_TIMEOUT
+        ):
+            if event == "ERROR":
+                code = int(body.get("code") or 500)
+                if code == 410:
+                    raise Expired
+                raise ApiError(code, str(body.get("reason", "")), str(body.get("message", "")))
+            if event != "BOOKMARK":
+                self._take(body, deleted=event == "DELETED")
+            self._at = _version(body) or self._at
