@@ -216,6 +216,7 @@ class Operator:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.events.close()
         if self.leadership is not None:
             await self.leadership.release()
         await self.registration.unregister()

@@ -1,7 +1,10 @@
 """Kubernetes Events (§10): on GPUDevices Bound, Moved, Lost, Released, Failed; on VMs GPUsGathered.
 
-Posting is best effort and never blocks a decision: each Event is written in the
-background, and a failure is only logged.
+Posting is best effort and never blocks a decision: Events wait in a bounded queue and
+a few posters write them in the background, so they never compete with the binder's
+and the webhook's writes for more than `POSTERS` of the client's connections (a burst of
+binds posts as many Events as it writes devices). A failure is only logged; when the
+queue is full the Event is dropped and counted.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from cozygpu.kube.adapter import ApiError, AsyncKube
 log = structlog.get_logger("cozygpu.events")
 
 COMPONENT = "cozy-gpu-operator"
+POSTERS = 2
+QUEUED = 10_000
 WARNINGS = frozenset({"Lost", "Failed"})
 
 
@@ -54,28 +59,53 @@ def event_body(involved: dict[str, Any], reason: str, message: str) -> dict[str,
 
 
 class Recorder:
-    def __init__(self, kube: AsyncKube) -> None:
+    def __init__(self, kube: AsyncKube, *, posters: int = POSTERS, queued: int = QUEUED) -> None:
         self._kube = kube
-        self._pending: set[asyncio.Task[None]] = set()
+        self._posters = posters
+        self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(queued)
+        self._workers: list[asyncio.Task[None]] = []
+        self.dropped = 0
 
     def post(self, device: GPUDevice, reason: str, message: str) -> None:
         self.post_about(device_ref(device), reason, message)
 
     def post_about(self, involved: dict[str, Any], reason: str, message: str) -> None:
         """An Event on any object, by reference (a tenant's VirtualMachine, say)."""
-        task = asyncio.create_task(self._post(event_body(involved, reason, message)))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
-
-    async def _post(self, body: dict[str, Any]) -> None:
+        if not self._workers:  # started with the first Event, inside the running loop
+            self._workers = [asyncio.create_task(self._poster()) for _ in range(self._posters)]
         try:
-            await self._kube.create(kinds.kind("Event"), body)
-        except ApiError as e:
-            involved = body["involvedObject"]
-            log.warning(
-                "event.post_failed",
-                reason=body["reason"],
-                kind=involved["kind"],
-                name=involved["name"],
-                error=e.message,
-            )
+            self._queue.put_nowait(event_body(involved, reason, message))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                log.warning("event.dropped", reason=reason, name=involved.get("name"), dropped=self.dropped)
+
+    async def _poster(self) -> None:
+        while True:
+            body = await self._queue.get()
+            try:
+                await self._kube.create(kinds.kind("Event"), body)
+            except ApiError as e:
+                involved = body["involvedObject"]
+                log.warning(
+                    "event.post_failed",
+                    reason=body["reason"],
+                    kind=involved["kind"],
+                    name=involved["name"],
+                    error=e.message,
+                )
+            except Exception as e:  # the network: Events are best effort, the poster goes on
+                log.warning("event.post_failed", reason=body["reason"], error=str(e) or type(e).__name__)
+
+    async def close(self, grace: float = 2.0) -> None:
+        """Post what is queued for up to `grace` seconds, then stop the posters."""
+        if self._workers:
+            try:
+                async with asyncio.timeout(grace):
+                    while not self._queue.empty():
+                        await asyncio.sleep(0.05)
+            except TimeoutError:
+                log.warning("event.unposted", queued=self._queue.qsize())
+        for worker in self._workers:
+            worker.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
