@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import sys
 
 import pytest
 from pydantic import ValidationError
@@ -14,8 +15,10 @@ from cozygpu.api import (
     GPUDevice,
     GPUMode,
     Phase,
+    meta,
     names,
 )
+from tests.builders import device
 
 
 def test_template_device_name_is_predictable_from_vmi_and_entry() -> None:
@@ -145,3 +148,16 @@ def test_budget_limits_are_non_negative() -> None:
     GPUBudget.from_wire({"metadata": {"name": "b"}, "spec": {"limits": {"a10": 0}, "total": 3}})
     with pytest.raises(ValidationError, match="limits"):
         GPUBudget.from_wire({"metadata": {"name": "b"}, "spec": {"limits": {"a10": -1}}})
+
+
+def test_objects_read_from_the_wire_are_compact_and_copy_like_any_other() -> None:
+    """§13.3: a device read from the wire shares one untracked field set and interned strings; a copy with
+    changes is still a separate object, the original unchanged, and both serialise as before."""
+    body = device("a", phase="Bound", node_name="n1")
+    d = GPUDevice.from_wire(body)
+    assert d.status.__pydantic_fields_set__ is meta._UNTRACKED and d.metadata.__pydantic_fields_set__ is meta._UNTRACKED
+    assert d.status.node_name is sys.intern("n1")
+    moved = d.model_copy(update={"status": d.status.model_copy(update={"node_name": "n2"})})
+    assert (moved.status.node_name, d.status.node_name) == ("n2", "n1")
+    assert set() == meta._UNTRACKED
+    assert GPUDevice.model_validate(body).wire() == d.wire()
