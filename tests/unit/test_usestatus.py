@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from cozygpu.api import ConditionStatus, GPUBudget, GPUClass
-from cozygpu.decisions.usestatus import budget_status, class_status
-from tests.builders import A10, EPOCH, budget, cluster, device, gpu_class, node
+from cozygpu.decisions.usestatus import ClassTotals, budget_status, class_status
+from tests.builders import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, pod
 
 
 def test_budget_status_counts_use_per_class_and_in_total() -> None:
@@ -46,3 +51,58 @@ def test_budget_model_round_trip_keeps_status() -> None:
     b = c.budgets[("t1", "b")]
     written = b.model_copy(update={"status": budget_status(c, b, EPOCH)})
     assert GPUBudget.from_wire(written.wire()).status == written.status
+
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["bind", "pending", "template", "delete", "node", "node-gone", "class", "pod"]),
+        st.integers(0, 5),  # which device, node or class
+        st.integers(0, 3),  # which node, units, or namespace
+    ),
+    max_size=50,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_ops)
+def test_class_and_budget_figures_from_counters_equal_a_recount(ops: list[tuple[str, int, int]]) -> None:
+    """§13: class totals kept per node (what the accountant uses) give the status `class_status` computes by
+    walking every node, and budget use from the view's counters equals summing every device (§7.2)."""
+    c = cluster(classes=[gpu_class("a10"), gpu_class("l40", L40S, nodeSelector={"gpu": "l40"})])
+    totals = ClassTotals()
+    versions = iter(range(1000, 100_000))
+
+    def rv(body: dict[str, Any]) -> dict[str, Any]:
+        body["metadata"]["resourceVersion"] = str(next(versions))
+        return body
+
+    for op, i, j in ops:
+        cls = ("a10", "l40")[i % 2]
+        if op == "bind":
+            change = c.apply("GPUDevice", rv(device(f"d{i}", cls, 1 + j % 2, phase="Bound", node_name=f"n{j}",
+                                                    namespace=f"t{j % 2}")))  # fmt: skip
+        elif op == "pending":
+            change = c.apply("GPUDevice", rv(device(f"d{i}", cls, 1, phase="Pending", namespace=f"t{j % 2}")))
+        elif op == "template":
+            change = c.apply("GPUDevice", rv(device(f"d{i}", cls, 1, template=True, namespace=f"t{j % 2}")))
+        elif op == "delete":
+            change = c.apply("GPUDevice", {"metadata": {"namespace": f"t{j % 2}", "name": f"d{i}"}}, deleted=True)
+        elif op == "node":
+            labels = {"gpu": "l40"} if i % 2 else {}
+            change = c.apply("Node", rv(node(f"n{i % 4}", {A10: 2 + j, L40S: j}, labels=labels)))
+        elif op == "node-gone":
+            change = c.apply("Node", {"metadata": {"name": f"n{i % 4}"}}, deleted=True)
+        elif op == "class":
+            change = c.apply("GPUClass", rv(gpu_class("a10", A10 if j % 2 else L40S)))
+        else:
+            change = c.apply("Pod", pod(f"p{i}", {A10: 1}, node=f"n{j}", version=next(versions)))
+        for name in (set(c.nodes) | set(change.nodes)) if change.all_nodes else change.nodes:
+            totals.node_changed(c, name)
+    for cls in c.classes.values():
+        assert totals.status(c, cls) == class_status(c, cls)
+    for ns in ("t0", "t1"):
+        recount: dict[str, int] = {}
+        for d in c.devices_in(ns):
+            if d.in_use:
+                recount[d.spec.class_name] = recount.get(d.spec.class_name, 0) + d.spec.count
+        assert c.use_in(ns) == recount

@@ -16,6 +16,7 @@ from cozygpu.api.meta import (
     Resource,
     Time,
 )
+from cozygpu.api.names import LABEL_TEMPLATE_DEVICE, TRUE
 
 # Object names as Kubernetes checks them (DNS-1123 subdomain).
 OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
@@ -111,3 +112,11 @@ class GPUDevice(Resource):
     @property
     def counts_against_budgets(self) -> bool:
         return self.status.phase in COUNTS_AGAINST_BUDGETS
+
+    @property
+    def in_use(self) -> bool:
+        """§7.2: what a budget counts: Pending, Bound and Lost devices, and a held device admitted but not yet
+        seen by the binder (it turns Pending the moment it is). A new template device is an order, not use."""
+        if self.counts_against_budgets:
+            return True
+        return self.status.phase is None and self.metadata.labels.get(LABEL_TEMPLATE_DEVICE) != TRUE

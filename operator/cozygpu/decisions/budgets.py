@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cozygpu.api import GPUBudget, GPUDevice
-from cozygpu.api.names import LABEL_TEMPLATE_DEVICE, TRUE
 from cozygpu.decisions.selectors import selector_matches
 from cozygpu.state.cluster import Cluster
 
@@ -47,20 +46,16 @@ def covering_budgets(cluster: Cluster, namespace: str) -> list[GPUBudget]:
 
 
 def counts(device: GPUDevice) -> bool:
-    """§7.2: Pending, Bound and Lost count; so does a held device admitted but not yet seen by the binder
-    (it turns Pending the moment the binder sees it). A new template device is an order, not yet counted."""
-    if device.counts_against_budgets:
-        return True
-    return device.status.phase is None and device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) != TRUE
+    """§7.2: whether the device counts against budgets (`GPUDevice.in_use`)."""
+    return device.in_use
 
 
 def usage(cluster: Cluster, budget: GPUBudget) -> dict[str, int]:
-    """Units counting against the budget in the namespaces it covers, per class."""
+    """Units counting against the budget in the namespaces it covers, per class (the view's counters)."""
     used: dict[str, int] = defaultdict(int)
     for ns in covered_namespaces(cluster, budget):
-        for d in cluster.devices_in(ns):
-            if counts(d):
-                used[d.spec.class_name] += d.spec.count
+        for class_name, units in cluster.use_in(ns).items():
+            used[class_name] += units
     return dict(used)
 
 

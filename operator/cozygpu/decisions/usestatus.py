@@ -1,4 +1,10 @@
-"""GPUBudget status (§1.4, §7.3) and GPUClass status (§1.1), from the cluster view."""
+"""GPUBudget status (§1.4, §7.3) and GPUClass status (§1.1), from the cluster view.
+
+`class_status` computes a class's status from scratch, walking the nodes with its
+resource; `ClassTotals` keeps the same figures per node as the view changes (the
+accountant feeds it the nodes each change touched), so a status costs what changed,
+not the cluster's size (§13). A property test holds the two equal.
+"""
 
 from __future__ import annotations
 
@@ -45,8 +51,56 @@ def class_status(cluster: Cluster, cls: GPUClass) -> GPUClassStatus:
         nodes.append(name)
         allocatable += node.units(resource)
         taken_units += taken(cluster, name).get(resource, 0)
-    mine = sum(d.spec.count for d in cluster.devices_of_class(cls.name) if d.holds_gpus)
     return GPUClassStatus(
-        nodes=nodes, allocatable=allocatable, held=mine, free=max(0, allocatable - taken_units),
+        nodes=nodes, allocatable=allocatable, held=cluster.held_of_class(cls.name),
+        free=max(0, allocatable - taken_units),
         conditions=cls.status.conditions,
     )  # fmt: skip
+
+
+class ClassTotals:
+    """Per class: the nodes that serve it, and their allocatable and taken units of its resource, kept from
+    what each node adds (`node_changed`), so `status` needs no walk over the nodes."""
+
+    def __init__(self) -> None:
+        self._share: dict[str, dict[str, tuple[int, int]]] = {}  # node -> class -> (allocatable, taken)
+        self._nodes: dict[str, set[str]] = {}
+        self._units: dict[str, tuple[int, int]] = {}
+
+    def node_changed(self, cluster: Cluster, name: str) -> set[str]:
+        """The node's share again; returns the classes whose totals moved."""
+        node = cluster.nodes.get(name)
+        new: dict[str, tuple[int, int]] = {}
+        if node is not None:
+            node_taken = taken(cluster, name)
+            for cls in served_classes(cluster, node):
+                resource = cls.spec.resource_name
+                new[cls.name] = (node.units(resource), node_taken.get(resource, 0))
+        old = self._share.pop(name, {})
+        if new:
+            self._share[name] = new
+        moved = set()
+        for class_name in old.keys() | new.keys():
+            before, after = old.get(class_name), new.get(class_name)
+            if before == after:
+                continue
+            moved.add(class_name)
+            allocatable, taken_units = self._units.get(class_name, (0, 0))
+            nodes = self._nodes.setdefault(class_name, set())
+            if before is not None:
+                allocatable, taken_units = allocatable - before[0], taken_units - before[1]
+                nodes.discard(name)
+            if after is not None:
+                allocatable, taken_units = allocatable + after[0], taken_units + after[1]
+                nodes.add(name)
+            self._units[class_name] = (allocatable, taken_units)
+        return moved
+
+    def status(self, cluster: Cluster, cls: GPUClass) -> GPUClassStatus:
+        """`class_status`, from the totals."""
+        allocatable, taken_units = self._units.get(cls.name, (0, 0))
+        return GPUClassStatus(
+            nodes=sorted(self._nodes.get(cls.name, ())), allocatable=allocatable,
+            held=cluster.held_of_class(cls.name), free=max(0, allocatable - taken_units),
+            conditions=cls.status.conditions,
+        )  # fmt: skip

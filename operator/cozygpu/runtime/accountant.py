@@ -18,7 +18,7 @@ from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import API_VERSION
 from cozygpu.decisions.budgets import covering_budgets
 from cozygpu.decisions.nodestatus import gpunode_status
-from cozygpu.decisions.usestatus import budget_status, class_status
+from cozygpu.decisions.usestatus import ClassTotals, budget_status
 from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Change, Cluster
@@ -42,10 +42,15 @@ class Accountant:
         # Nodes whose GPUNode status may have changed, namespaces whose budgets' use may have.
         self._nodes: set[str] = set()
         self._namespaces: set[str] = set()
+        # Each class's serving nodes and units, kept per node; classes to look at again.
+        self._totals = ClassTotals()
+        self._classes: set[str] = set()
 
     def changed(self, change: Change) -> None:
         if change.all_nodes:
             self._nodes |= set(self._cluster.nodes)
+        if change.kind == "GPUClass":
+            self._classes.add(change.name)
         self._nodes |= change.nodes
         self._namespaces |= change.namespaces
         self._wake.set()
@@ -58,6 +63,7 @@ class Accountant:
             namespaces, self._namespaces = self._namespaces, set()
             self._retry = set()
             for name in sorted(dirty):
+                self._classes |= self._totals.node_changed(self._cluster, name)
                 try:
                     await self._sync(name)
                 except ApiError as e:
@@ -74,7 +80,7 @@ class Accountant:
             await asyncio.sleep(BATCH_WINDOW)
 
     async def _sync_use(self, namespaces: set[str]) -> None:
-        """Budgets covering the changed namespaces, and every class (few, and cheap to compare)."""
+        """Budgets covering the changed namespaces; classes whose totals or held units moved (from counters)."""
         budgets = {(b.namespace or "", b.name): b for ns in namespaces for b in covering_budgets(self._cluster, ns)}
         for key, budget in sorted(budgets.items()):
             status = budget_status(self._cluster, budget, utcnow())
@@ -85,8 +91,11 @@ class Accountant:
             now_over = status.conditions[0]
             if now_over.status is ConditionStatus.TRUE and ConditionStatus.TRUE not in was:
                 log.info("budget.over", namespace=key[0], budget=key[1], message=now_over.message)
+        touched, self._classes = self._classes, set()
         for cls in sorted(self._cluster.classes.values(), key=lambda c: c.name):
-            wanted = class_status(self._cluster, cls)
+            if cls.name not in touched and self._cluster.held_of_class(cls.name) == cls.status.held:
+                continue
+            wanted = self._totals.status(self._cluster, cls)
             if wanted.model_dump(mode="json") != cls.status.model_dump(mode="json"):
                 await self._write_status(kinds.GPU_CLASS, cls.model_copy(update={"status": wanted}).wire())
 
@@ -96,6 +105,8 @@ class Accountant:
                 # Someone wrote first (or it is gone): looked at again with what the API has now.
                 meta = body["metadata"]
                 assert isinstance(meta, dict)
+                if kind is kinds.GPU_CLASS:
+                    self._classes.add(str(meta.get("name") or ""))
                 self._namespaces.add(str(meta.get("namespace") or ""))
                 self._wake.set()
         except ApiError as e:

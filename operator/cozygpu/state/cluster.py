@@ -54,6 +54,13 @@ def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
             del index[value]
 
 
+def _add(counts: dict[str, int], key: str, units: int) -> None:
+    """Add to a counter, dropping it at zero."""
+    counts[key] = counts.get(key, 0) + units
+    if not counts[key]:
+        del counts[key]
+
+
 def _newer(stored: str | None, incoming: str | None) -> bool:
     return stored is None or version(incoming) >= version(stored)
 
@@ -89,7 +96,11 @@ class Cluster:
         # Units of Bound devices per node and resource, each device as it was counted, and every
         # resource's nodes ordered by free units: best fit without scanning the nodes.
         self._held_res: dict[str, dict[str, int]] = {}
-        self._counted: dict[DeviceKey, tuple[str, str, int]] = {}
+        self._counted: dict[DeviceKey, tuple[str, str, int, str]] = {}
+        # Units of Bound devices per class, and units in use per namespace and class (§7.2): status and
+        # budget checks read these instead of walking devices.
+        self._held_class: dict[str, int] = {}
+        self._use: dict[str, dict[str, int]] = {}
         self._by_free: dict[str, list[tuple[int, str]]] = defaultdict(list)
         # Units pods the operator did not place hold per node and resource (§12): not free either.
         self._unmanaged_res: dict[str, dict[str, int]] = {}
@@ -234,9 +245,16 @@ class Cluster:
                 self._open_requests[request.id].add(key)
         if not device.holds_gpus:
             self._unbound.add(key)
+        if device.in_use:
+            _add(self._use.setdefault(key[0], {}), device.spec.class_name, device.spec.count)
 
     def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
         self._unbound.discard(key)
+        if device.in_use:
+            use = self._use[key[0]]
+            _add(use, device.spec.class_name, -device.spec.count)
+            if not use:
+                del self._use[key[0]]
         self._uncount(key)
         request = device.status.bind_request
         attached = device.status.attached_to
@@ -268,17 +286,21 @@ class Cluster:
         node = device.status.node_name
         if cls is None or node is None:
             return  # counted once its class is known (`_recount_class`)
-        resource = cls.spec.resource_name
-        self._counted[key] = (node, resource, device.spec.count)
+        resource, class_name = cls.spec.resource_name, device.spec.class_name
+        self._counted[key] = (node, resource, device.spec.count, class_name)
         per_node = self._held_res.setdefault(node, {})
         per_node[resource] = per_node.get(resource, 0) + device.spec.count
+        self._held_class[class_name] = self._held_class.get(class_name, 0) + device.spec.count
         self._reorder(node, resource)
 
     def _uncount(self, key: DeviceKey) -> None:
         counted = self._counted.pop(key, None)
         if counted is None:
             return
-        node, resource, units = counted
+        node, resource, units, class_name = counted
+        self._held_class[class_name] -= units
+        if not self._held_class[class_name]:
+            del self._held_class[class_name]
         per_node = self._held_res[node]
         per_node[resource] -= units
         if not per_node[resource]:
@@ -309,6 +331,14 @@ class Cluster:
             self._free_at[(resource, node)] = now
         if not order:
             del self._by_free[resource]
+
+    def held_of_class(self, class_name: str) -> int:
+        """Units of the class's Bound devices, on every node (counted once the class is known)."""
+        return self._held_class.get(class_name, 0)
+
+    def use_in(self, namespace: str) -> dict[str, int]:
+        """Units in use per class in the namespace, as budgets count them (§7.2, `GPUDevice.in_use`)."""
+        return dict(self._use.get(namespace, {}))
 
     def held_units(self, node: str) -> dict[str, int]:
         """Units held on the node per resource by Bound devices (of every namespace)."""
