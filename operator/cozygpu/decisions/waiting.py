@@ -7,7 +7,6 @@ timestamps have one-second precision), then by name.
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterator
 
 from cozygpu.api import GPUDevice, Phase
@@ -26,18 +25,12 @@ def placeable(device: GPUDevice) -> bool:
     return not (device.status.phase is Phase.LOST and device.status.attached_to is not None)
 
 
-def in_turn(cluster: Cluster, devices: list[GPUDevice], now: dt.datetime) -> list[GPUDevice]:
-    """The placeable ones among `devices`, first come first served (§5.5)."""
-    waiting = [d for d in devices if placeable(d)]
-    waiting.sort(
-        key=lambda d: (
-            d.metadata.creation_timestamp or now,
-            cluster.arrival(d.namespace or "", d.name),
-            d.namespace or "",
-            d.name,
-        )
-    )
-    return waiting
+def in_turn(cluster: Cluster, devices: list[GPUDevice] | None = None) -> list[GPUDevice]:
+    """The placeable ones among `devices` (every device not Bound if None, in the order the view keeps),
+    first come first served (§5.5, `Cluster.turn`)."""
+    if devices is None:
+        return [d for d in cluster.unbound_in_turn() if placeable(d)]
+    return sorted((d for d in devices if placeable(d)), key=cluster.turn)
 
 
 def lost(cluster: Cluster) -> Iterator[tuple[GPUDevice, str]]:

@@ -221,13 +221,14 @@ class Binder:
         if generation != self._passed_at:
             self._passed_at = generation
             self._fresh.clear()
-            candidates = self._cluster.unbound_devices()
-            live = {_key(d) for d in candidates}
+            waiting = in_turn(self._cluster)  # the order the view keeps: no sort of every waiting device
+            live = {_key(d) for d in waiting}
             self._tried_at = {k: g for k, g in self._tried_at.items() if k in live}
         else:
             fresh, self._fresh = self._fresh, set()
-            candidates = [d for k in fresh if (d := self._cluster.device(*k)) is not None and not d.holds_gpus]
-        for device in in_turn(self._cluster, candidates, self._clock()):
+            news = [d for k in fresh if (d := self._cluster.device(*k)) is not None and not d.holds_gpus]
+            waiting = in_turn(self._cluster, news)
+        for device in waiting:
             if self._cluster.capacity_generation != generation:
                 # Room appeared while a write yielded: oldest first again, or a newer device takes it.
                 self._wake.set()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import datetime as dt
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -54,6 +55,9 @@ def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
             del index[value]
 
 
+_LAST = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
 def _add(counts: dict[str, int], key: str, units: int) -> None:
     """Add to a counter, dropping it at zero."""
     counts[key] = counts.get(key, 0) + units
@@ -93,6 +97,9 @@ class Cluster:
         self._vmi_uids: set[str] = set()
         self.pods = PodUsage(tombstones)  # units pods hold per node: those the operator did not place (§1.3)
         self._unbound: set[DeviceKey] = set()
+        # The same devices first come first served (§5.5), kept in order rather than sorted per pass.
+        self._turns: list[tuple[dt.datetime, int, str, str]] = []
+        self._turn_of: dict[DeviceKey, tuple[dt.datetime, int, str, str]] = {}
         # Units of Bound devices per node and resource, each device as it was counted, and every
         # resource's nodes ordered by free units: best fit without scanning the nodes.
         self._held_res: dict[str, dict[str, int]] = {}
@@ -245,11 +252,17 @@ class Cluster:
                 self._open_requests[request.id].add(key)
         if not device.holds_gpus:
             self._unbound.add(key)
+            turn = self.turn(device)
+            bisect.insort(self._turns, turn)
+            self._turn_of[key] = turn
         if device.in_use:
             _add(self._use.setdefault(key[0], {}), device.spec.class_name, device.spec.count)
 
     def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
         self._unbound.discard(key)
+        turn = self._turn_of.pop(key, None)
+        if turn is not None:
+            del self._turns[bisect.bisect_left(self._turns, turn)]
         if device.in_use:
             use = self._use[key[0]]
             _add(use, device.spec.class_name, -device.spec.count)
@@ -277,6 +290,13 @@ class Cluster:
 
     def arrival(self, namespace: str, name: str) -> int:
         return self._arrival.get((namespace, name), 0)
+
+    def turn(self, device: GPUDevice) -> tuple[dt.datetime, int, str, str]:
+        """§5.5 first come first served: by creation, then by when the view first saw it (creation times have
+        one-second precision), then by name; a device without a creation time (never from the API) last."""
+        namespace = device.namespace or ""
+        created = device.metadata.creation_timestamp or _LAST
+        return created, self._arrival.get((namespace, device.name), 0), namespace, device.name
 
     # -- free units per node and resource (§5.1), ordered for best fit (§5.3, §13.1) ---------
 
@@ -431,6 +451,10 @@ class Cluster:
     def open_request_ids(self) -> list[str]:
         """Ids of bind requests that some device carries without a result."""
         return list(self._open_requests)
+
+    def unbound_in_turn(self) -> list[GPUDevice]:
+        """Devices not Bound, first come first served (`turn`), from the order kept as they change."""
+        return [self.devices[(t[2], t[3])] for t in self._turns]
 
     def unbound_devices(self) -> list[GPUDevice]:
         """Devices not Bound: unseen, Pending or Lost; the binder's waiting room."""
