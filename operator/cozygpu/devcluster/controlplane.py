@@ -238,38 +238,51 @@ class ControlPlane:
             (certs / name).write_bytes(data)
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
-        proc = self.spawn(
-            "kube-apiserver",
-            [
-                str(bin_dir / "kube-apiserver"),
-                f"--etcd-servers={etcd_url}",
-                f"--cert-dir={certs}",
-                f"--secure-port={port}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--service-cluster-ip-range={SERVICE_CIDR}",
-                "--disable-admission-plugins=ServiceAccount",
-                "--authorization-mode=RBAC",
-                "--allow-privileged=true",
-                f"--client-ca-file={certs / 'ca.crt'}",
-                f"--tls-cert-file={certs / 'apiserver.crt'}",
-                f"--tls-private-key-file={certs / 'apiserver.key'}",
-                f"--service-account-issuer={self.server}",
-                f"--service-account-key-file={certs / 'sa.pub'}",
-                f"--service-account-signing-key-file={certs / 'sa.key'}",
-                # Aggregation's front-proxy CA: virt-api reads it from extension-apiserver-authentication.
-                f"--requestheader-client-ca-file={certs / 'ca.crt'}",
-                "--requestheader-allowed-names=front-proxy-client",
-                "--requestheader-username-headers=X-Remote-User",
-                "--requestheader-group-headers=X-Remote-Group",
-                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-                "--profiling=false",
-                f"--v={4 if self._verbose else 1}",
-            ],
-        )
+        self._apiserver_argv = [
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            f"--cert-dir={certs}",
+            f"--secure-port={port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--disable-admission-plugins=ServiceAccount",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            f"--client-ca-file={certs / 'ca.crt'}",
+            f"--tls-cert-file={certs / 'apiserver.crt'}",
+            f"--tls-private-key-file={certs / 'apiserver.key'}",
+            f"--service-account-issuer={self.server}",
+            f"--service-account-key-file={certs / 'sa.pub'}",
+            f"--service-account-signing-key-file={certs / 'sa.key'}",
+            # Aggregation's front-proxy CA: virt-api reads it from extension-apiserver-authentication.
+            f"--requestheader-client-ca-file={certs / 'ca.crt'}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            "--profiling=false",
+            f"--v={4 if self._verbose else 1}",
+        ]
+        proc = self.spawn("kube-apiserver", self._apiserver_argv)
         self.write_kubeconfig(self.kubeconfig_path)
         kube = self.kube()
         self.wait_until("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, deadline)
+
+    def restart_apiserver(self, down: float = 0.0, timeout: float = 60.0) -> None:
+        """Kill kube-apiserver as a crash would, keep it down `down` seconds, and start it again on the same
+        address and certificates (what the operator sees of an API server restart); back once /readyz is."""
+        for i, (name, proc, log) in enumerate(self._procs):
+            if name == "kube-apiserver":
+                proc.kill()
+                proc.wait()
+                log.close()
+                del self._procs[i]
+                break
+        time.sleep(down)
+        proc = self.spawn("kube-apiserver", self._apiserver_argv)
+        kube = self.kube()
+        self.wait_until("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, time.monotonic() + timeout)
 
     def _start_controller_manager(self, bin_dir: Path) -> None:
         """Owner-reference garbage collection and namespace deletion, as in a cluster."""

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import signal
 import socket
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import kopf
@@ -35,6 +36,7 @@ from cozygpu.runtime.podwatch import PodWatch
 from cozygpu.runtime.registration import Registration
 from cozygpu.runtime.reservations import Reservations
 from cozygpu.runtime.resync import Resync
+from cozygpu.runtime.supervision import Supervisor
 from cozygpu.runtime.validation import Validation
 from cozygpu.runtime.view import View
 from cozygpu.runtime.vmi_webhook import VMIAdmission
@@ -106,6 +108,7 @@ class Operator:
             self.view, self.kube, scan_interval=settings.pod_scan_interval, recheck_interval=settings.sweep_interval
         )
         self.registration = Registration(settings, self.kube)
+        self.supervisor = Supervisor()
         self.health = HealthServer(settings.health_host, settings.health_port, self.readiness, self.metrics.render)
         self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
         self._not_leading = "not the leader yet"
@@ -129,6 +132,11 @@ class Operator:
         for task in self._tasks:
             if task.done():
                 return False, f"{task.get_name()} stopped"
+        for name, why in sorted(self.supervisor.failing().items()):
+            return False, f"{name} failed and is starting again: {why}"
+        for informer in self.informers + self.pods.informers:
+            if informer.failing is not None:
+                return False, f"the watch of {informer.kind.plural} is failing: {informer.failing}"
         return True, ""
 
     # -- events --------------------------------------------------------------
@@ -172,20 +180,25 @@ class Operator:
         await self.pods.start()
         self.validation.operator_user = await self.kube.whoami()
         self.synced = True
+        interval = self.settings.sweep_interval
+        workers: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "accountant": self.accountant.run,
+            "collector": self.collector.run,
+            "resync": lambda: self._resync.every(interval),
+            "pods": self.pods.run,
+            **{f"watch-{i.kind.plural}": i.run for i in self.informers},
+        }
+        if self.settings.binder:
+            workers["binder"] = self.binder.run
+        if self.settings.webhook_mode != "off":
+            workers["webhooks"] = lambda: self.registration.serve(self.validation.operator_user)
+        # Each worker started again after any failure (runtime.supervision); leadership is not: a renewal
+        # that fails is its own business, and losing the Lease ends the process (§10).
         self._tasks = [
-            asyncio.create_task(self.accountant.run(), name="accountant"),
-            asyncio.create_task(self.collector.run(), name="collector"),
-            asyncio.create_task(self._resync.every(self.settings.sweep_interval), name="resync"),
-            asyncio.create_task(self.pods.run(), name="pods"),
-            *(asyncio.create_task(i.run(), name=f"watch-{i.kind.plural}") for i in self.informers),
+            asyncio.create_task(self.supervisor.supervised(name, run), name=name) for name, run in workers.items()
         ]
         if self.leadership is not None:
             self._tasks.append(asyncio.create_task(self.leadership.hold(), name="leadership"))
-        if self.settings.binder:
-            self._tasks.append(asyncio.create_task(self.binder.run(), name="binder"))
-        if self.settings.webhook_mode != "off":
-            serve = self.registration.serve(self.validation.operator_user)
-            self._tasks.append(asyncio.create_task(serve, name="webhooks"))
         log.info(
             "operator.synced",
             devices=len(self.cluster.devices),

@@ -5,8 +5,10 @@ version no newer than the list, but the list lacks, was removed where no event s
 and is forgotten as a DELETED event would forget it); then it watches from the list's
 resourceVersion, with bookmarks, so nothing between the list and the watch is missed.
 A stream the server ends is resumed from the last version seen; a version that expired
-(410) is listed anew; any error of the API or the network is logged and retried with
-capped backoff and jitter, so the task never ends on its own.
+(410) is listed anew; any error of the API or the network is logged, retried with
+capped backoff and jitter, and followed by a fresh list, so the task never ends on its
+own and the view agrees with the API again once it answers. `failing` says what failed
+until then, for /readyz.
 
 Called by the Operator (one per watched kind; the resync lists through them), and by
 the pod watch (runtime.podwatch) with selectors. kopf watches nothing: no per-object
@@ -69,6 +71,7 @@ class Informer:
         self._wanted = wanted
         self._in_scope = in_scope
         self._at = ""  # the version the watch resumes from; empty: list first
+        self.failing: str | None = None  # what failed, until a list succeeds again (for /readyz)
 
     def _take(self, body: dict[str, Any], *, deleted: bool = False) -> None:
         unwanted = self._wanted is not None and not deleted and not self._wanted(body)
@@ -108,6 +111,7 @@ class Informer:
             forgotten += 1
         if resume:
             self._at = version
+            self.failing = None
         return forgotten, unchanged
 
     async def run(self) -> None:
@@ -130,8 +134,10 @@ class Informer:
             except Exception as e:
                 failures += 1
                 delay = min(BACKOFF[1], BACKOFF[0] * 2 ** min(failures - 1, 10)) * random.uniform(0.5, 1.0)
-                if isinstance(e, ApiError) and e.status == 410:
-                    self._at = ""
+                # Listed anew, not resumed: whatever happened while the stream was broken (an API server
+                # restart, a compaction) the view agrees with the API again before it reports ready.
+                self._at = ""
+                self.failing = str(e) or type(e).__name__
                 log.warning("watch.failed", kind=self.kind.kind, error=str(e) or type(e).__name__,
                             failures=failures, retry_in_s=round(delay, 2))  # fmt: skip
                 await asyncio.sleep(delay)

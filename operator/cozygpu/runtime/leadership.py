@@ -93,8 +93,12 @@ class Leadership:
             await asyncio.sleep(pause)
             try:
                 outcome = await self._round()
-            except ApiError as e:
-                log.warning("leader.renew_failed", error=e.message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the API or the network: a renewal that did not land, nothing more
+                log.warning(
+                    "leader.renew_failed", error=e.message if isinstance(e, ApiError) else str(e) or type(e).__name__
+                )
                 pause = 1.0
                 if time.monotonic() - self._renewed < deadline:
                     continue

@@ -60,6 +60,10 @@ class PodWatch:
         )
         self._everything = Informer(view, kube, kinds.POD, field_selector=HOLDING, wanted=_asks)
 
+    @property
+    def informers(self) -> list[Informer]:
+        return [self._launchers]
+
     async def start(self) -> None:
         """The first lists: launcher pods (the watch resumes from there), then every pod on a node."""
         await self._launchers.list()
