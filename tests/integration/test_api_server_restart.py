@@ -27,7 +27,10 @@ def test_the_operator_is_ready_again_soon_after_its_api_server_comes_back(
     binds. Before, a connection error ended the resync task and /readyz failed for good."""
     node = gpu_node({gpu.resource: 2})["metadata"]["name"]
     kube.create(kinds.GPU_DEVICE, gpu_device_body("before", namespace, gpu.cls))
-    process = start_operator(operator_kubeconfig, tmp_path, "--no-webhooks", "--sweep-interval", "600")
+    # A term of 60 s: an 8 s outage must not cost the Lease (two thirds of a term without a renewal would, §10,
+    # and then the process rightly ends rather than recovering).
+    process = start_operator(operator_kubeconfig, tmp_path, "--no-webhooks", "--sweep-interval", "600",
+                             "--lease-duration", "60")  # fmt: skip
     try:
         wait_for("the first device Bound", lambda: (kube.get(kinds.GPU_DEVICE, "before", namespace).get("status")
                  or {}).get("nodeName") == node)  # fmt: skip

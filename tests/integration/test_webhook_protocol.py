@@ -122,3 +122,56 @@ def test_the_api_server_reinvokes_us_after_a_later_webhook_changes_the_vmi(
     assert len(calls) == 2
     binds = [e for e in admitting.events("bind.answered") if e["vmi"] == "reinvoked"]
     assert len(binds) == 1
+
+
+def _post(url: str, ca: str, review: Any = None, *, data: bytes | None = None) -> requests.Response:
+    return requests.post(url, json=review, data=data, verify=ca, timeout=30)
+
+
+def test_a_path_no_hook_serves_is_a_404_not_an_allowed_answer(admitting: OperatorProcess, kube: Kube) -> None:
+    """Issue 12: a mistyped webhook path in a configuration must not let everything through."""
+    url, ca = _hook(kube)
+    body = _review(vmi_body("vm", "t1", None), "t1")
+    answer = _post(url.rsplit("/", 1)[0] + "/nope", ca, body)
+    assert answer.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("spoil", "field"),
+    [
+        (lambda r: r["request"].pop("uid"), "request.uid"),
+        (lambda r: r["request"].update(dryRun="yes"), "request.dryRun"),
+        (lambda r: r["request"].update(object="a string"), "request.object"),
+        (lambda r: r["request"]["object"].update(metadata=["a", "list"]), "request.object.metadata"),
+        (lambda r: r["request"].update(userInfo=None), "request.userInfo"),
+    ],
+)
+def test_a_wrongly_typed_review_is_a_400_naming_the_field(
+    admitting: OperatorProcess, kube: Kube, spoil: Any, field: str
+) -> None:
+    """Issue 12: what is not a well-formed review is the caller's error (400, the field named), not a 500 with
+    Python's words, nor an answer."""
+    url, ca = _hook(kube)
+    review = _review(vmi_body("vm", "t1", None), "t1")
+    spoil(review)
+    answer = _post(url, ca, review)
+    assert answer.status_code == 400 and field in answer.reason
+
+
+def test_deeply_nested_json_is_a_400(admitting: OperatorProcess, kube: Kube) -> None:
+    """Issue 12: a body too deep for the decoder is undecodable (400), not a 500."""
+    url, ca = _hook(kube)
+    assert _post(url, ca, data=b"[" * 100_000 + b"]" * 100_000).status_code == 400
+
+
+def test_a_review_as_large_as_etcd_allows_is_read(admitting: OperatorProcess, kube: Kube) -> None:
+    """Issue 12: a VMI up to etcd's 1.5 MiB is legal; its review is read and answered (here: judged for its
+    missing device annotation), not refused with 413."""
+    url, ca = _hook(kube)
+    vmi = vmi_body("large", "t1", None)
+    vmi["metadata"]["annotations"] = {"example.com/blob": "x" * (1_400 * 1024)}
+    review = _review(vmi, "t1")
+    answer = _post(url, ca, review)
+    assert answer.status_code == 200
+    response = answer.json()["response"]
+    assert response["uid"] == review["request"]["uid"] and "annotation" in response["status"]["message"]

@@ -116,7 +116,8 @@ class CRDInfo:
 
 # Shared by every object read from the wire. Nothing here asks which fields were set (`wire` drops None,
 # not unset fields), and pydantic's per-object set of them was a third of the view's memory at 50,000
-# devices (§13.3). A model_copy still gets a set of its own.
+# devices (§13.3). A model_copy gets a set of its own; an attribute assignment adds a name to this one,
+# which is harmless, as nothing reads it.
 _UNTRACKED: set[str] = set()
 
 

@@ -57,18 +57,50 @@ ASKS_EXTENDED = (
 )
 
 
+HOOKS = frozenset({VMI_HOOK, DEVICE_HOOK, CLASS_HOOK, BUDGET_HOOK, POD_HOOK})
+# What the API server may send: etcd stores objects up to 1.5 MiB, and a review carries the object and
+# its old version; aiohttp's default would cut bodies at 1 MiB.
+MAX_REVIEW_BYTES = 4 * 1024 * 1024
+
+
+def envelope_problem(review: Any) -> str | None:
+    """What makes a decoded body no AdmissionReview request we can answer, naming the field; None if fine."""
+    inner = review.get("request") if isinstance(review, dict) else None
+    if not isinstance(inner, dict):
+        return "the body is not an AdmissionReview: no request object"
+    uid = inner.get("uid")
+    if not isinstance(uid, str) or not uid:
+        return "request.uid is missing or not a string"
+    for field in ("resource", "userInfo"):
+        if not isinstance(inner.get(field), dict):
+            return f"request.{field} is missing or not an object"
+    if "dryRun" in inner and not isinstance(inner["dryRun"], bool | None):
+        return "request.dryRun is not a boolean"
+    for field in ("object", "oldObject"):
+        value = inner.get(field)
+        if value is not None and not isinstance(value, dict):
+            return f"request.{field} is not an object"
+        if isinstance(value, dict) and not isinstance(value.get("metadata", {}), dict):
+            return f"request.{field}.metadata is not an object"
+    return None
+
+
 class ReviewServer(kopf.WebhookServer):
-    """kopf's server, refusing bodies that are not AdmissionReviews with 400 rather than 500 (§3)."""
+    """kopf's server, answering what is not an AdmissionReview request for one of our hooks as the HTTP error it
+    is (400 naming the field, 404 for a path no hook serves) rather than 500 or an allowed answer (§3)."""
 
     @staticmethod
     async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        if request.match_info.get("id") not in HOOKS:
+            raise aiohttp.web.HTTPNotFound(reason="no webhook is served at this path")
+        request = request.clone(client_max_size=MAX_REVIEW_BYTES)
         try:
             review = json.loads(await request.text())
-        except ValueError:
+        except (ValueError, RecursionError):
             raise aiohttp.web.HTTPBadRequest(reason="the body is not JSON") from None
-        inner = review.get("request") if isinstance(review, dict) else None
-        if not isinstance(inner, dict) or not isinstance(inner.get("resource"), dict) or "userInfo" not in inner:
-            raise aiohttp.web.HTTPBadRequest(reason="the body is not an AdmissionReview request")
+        problem = envelope_problem(review)
+        if problem is not None:
+            raise aiohttp.web.HTTPBadRequest(reason=problem)
         response: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, request)
         return response
 

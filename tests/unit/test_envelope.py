@@ -1,0 +1,49 @@
+"""The webhook envelope (§3, issue 12): what is no AdmissionReview request we can answer, and which field says so."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cozygpu.runtime.webhooks import envelope_problem
+
+
+def review(**request: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "uid": "u-1",
+        "resource": {"group": "kubevirt.io", "version": "v1", "resource": "virtualmachineinstances"},
+        "userInfo": {"username": "alice"},
+        "object": {"metadata": {"name": "vm"}},
+        "oldObject": None,
+        "dryRun": False,
+    }
+    base.update(request)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": base}
+
+
+def test_a_well_formed_review_has_no_problem() -> None:
+    """A review as the API server sends it passes, dryRun absent or a boolean, oldObject null."""
+    assert envelope_problem(review()) is None
+    assert envelope_problem(review(dryRun=True, oldObject={"metadata": {}})) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ([], "no request object"),
+        ({"request": 3}, "no request object"),
+        (review(uid=""), "request.uid"),
+        (review(uid=7), "request.uid"),
+        (review(resource="vmis"), "request.resource"),
+        (review(userInfo=None), "request.userInfo"),
+        (review(dryRun="yes"), "request.dryRun"),
+        (review(object="a string"), "request.object"),
+        (review(object={"metadata": []}), "request.object.metadata"),
+        (review(oldObject=[1]), "request.oldObject"),
+    ],
+)
+def test_each_malformed_part_is_named(body: Any, field: str) -> None:
+    """Each wrongly typed or missing part of the envelope is refused with its field's name (a 400)."""
+    problem = envelope_problem(body)
+    assert problem is not None and field in problem
