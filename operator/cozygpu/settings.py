@@ -49,6 +49,13 @@ class Settings(BaseModel):
         le=256,
         description="API calls in flight at once (binder writes, admissions, collector); as many connections kept.",
     )
+    max_devices_per_vmi: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="Device references a VMI may list (§3.2); a set must fit one node, and the largest GPU nodes "
+        "hold 8-16 GPUs or some tens of vGPUs.",
+    )
     kubevirt_controller_user: str = Field(
         default="system:serviceaccount:kubevirt:kubevirt-controller",
         min_length=1,

@@ -443,3 +443,14 @@ def test_ten_vmis_racing_for_a_budget_of_five_exactly_five_win(
         assert leftovers(kube, namespace, name) == []
     bound = [d for d in kube.list(kinds.GPU_DEVICE, namespace) if d.get("status", {}).get("phase") == "Bound"]
     assert len(bound) == 5
+
+
+def test_a_vmi_listing_more_devices_than_the_cap_is_refused_with_the_cap(
+    admitting: OperatorProcess, kube: Kube, namespace: str
+) -> None:
+    """Issue 12: past the cap (64 by default) the VMI is refused before any device is read or written, and the
+    message says the cap; nothing is left behind."""
+    refs = [{"deviceTemplate": {"className": "a10", "count": 1}}] * 65
+    message = refused(kube, vmi_body("many", namespace, refs))
+    assert "lists 65 devices; a VMI may reference at most 64" in message
+    assert leftovers(kube, namespace, "many") == []

@@ -73,3 +73,11 @@ def test_no_input_raises_anything_but_a_reference_error(text: str) -> None:
         message = ANNOTATION_DEVICES
         assert all(isinstance(r, HeldRef | TemplateRef) for r in refs)
     assert ANNOTATION_DEVICES in message
+
+
+def test_more_references_than_the_cap_are_refused_before_any_entry_is_read() -> None:
+    """Issue 12: one VMI's work stays small; the count is checked first, even when entries are malformed."""
+    entries = [{"deviceTemplate": {"className": "a10", "count": 1}}] * 5
+    assert len(parse({ANNOTATION_DEVICES: json.dumps(entries)}, limit=5)) == 5
+    with pytest.raises(ReferenceError, match="lists 6 devices; a VMI may reference at most 5"):
+        parse({ANNOTATION_DEVICES: json.dumps([{"nonsense": True}] * 6)}, limit=5)

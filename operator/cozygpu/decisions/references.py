@@ -64,8 +64,9 @@ def _entry(index: int, raw: Any) -> Ref:
     return TemplateRef(class_name, count)
 
 
-def parse(annotations: dict[str, str] | None) -> list[Ref]:
-    """§3.2: the annotation must be a non-empty JSON array of valid entries."""
+def parse(annotations: dict[str, str] | None, limit: int | None = None) -> list[Ref]:
+    """§3.2: the annotation must be a non-empty JSON array of valid entries, at most `limit` of them (checked
+    before any entry is looked at: one VMI's work must stay small beside everyone else's)."""
     text = (annotations or {}).get(ANNOTATION_DEVICES)
     if text is None:
         raise ReferenceError(f"annotation {ANNOTATION_DEVICES} is missing")
@@ -77,6 +78,11 @@ def parse(annotations: dict[str, str] | None) -> list[Ref]:
         raise ReferenceError(f"annotation {ANNOTATION_DEVICES} must be a JSON array of device references")
     if not raw:
         raise ReferenceError(f"annotation {ANNOTATION_DEVICES} lists no devices")
+    if limit is not None and len(raw) > limit:
+        raise ReferenceError(
+            f"annotation {ANNOTATION_DEVICES} lists {len(raw)} devices; a VMI may reference at most {limit} "
+            "(the operator's max-devices-per-vmi setting)"
+        )
     try:
         return [_entry(i, entry) for i, entry in enumerate(raw)]
     except ReferenceError as e:

@@ -91,6 +91,7 @@ class Operator:
             self.waiters,
             self.reservations,
             bind_timeout=settings.bind_timeout,
+            max_devices=settings.max_devices_per_vmi,
             writer=self.writer,
             events=self.events,
         )

@@ -64,6 +64,7 @@ class VMIAdmission:
         reservations: Reservations,
         *,
         bind_timeout: float,
+        max_devices: int,
         writer: Writer,
         events: Recorder | None = None,
     ) -> None:
@@ -72,6 +73,7 @@ class VMIAdmission:
         self._waiters = waiters
         self._reservations = reservations
         self._bind_timeout = bind_timeout
+        self._max_devices = max_devices
         self._writer = writer  # its writes' responses go into the view, which wakes the binder
         self._events = events
 
@@ -101,7 +103,7 @@ class VMIAdmission:
         if not name:
             raise Refusal("a VMI with GPU device references needs a name: generateName is not supported")
         try:
-            refs = references.parse(vmi["metadata"].get("annotations"))
+            refs = references.parse(vmi["metadata"].get("annotations"), self._max_devices)
         except references.ReferenceError as e:
             raise Refusal(str(e)) from None
         members = await self._resolve(namespace, name, refs)
