@@ -305,3 +305,13 @@ def test_an_undo_leaves_what_others_wrote() -> None:
     claimed["attachedTo"]["uid"] = "u1"
     undone = admission.undone(GPUDevice.from_wire(device("a", status=claimed)), "vm", "r1", attached_by_us=True)
     assert undone is not None and undone.status.attached_to is not None and undone.status.bind_request is None
+
+
+def test_malformed_gpu_fields_are_named_not_spelled_out_letter_by_letter() -> None:
+    """Issue 12: a string `gpus` was iterated as a list ("gpus , gpus , ..."); entries that are no objects, or
+    resources that are no map, are named once, and no Python error reaches the tenant."""
+    vmi: dict[str, Any] = {"spec": {"domain": {"devices": {"gpus": "nvidia", "hostDevices": 3},
+                                               "resources": {"limits": "lots"}}}}  # fmt: skip
+    assert admission.own_gpu_entries(vmi, [], {A10}) == ["gpus (not a list)", "hostDevices (not a list)"]
+    vmi["spec"]["domain"]["devices"] = {"gpus": [7, {"name": "g", "deviceName": A10}]}
+    assert admission.own_gpu_entries(vmi, [], {A10}) == ["gpus entry 0 (not an object)", "gpus g"]

@@ -81,3 +81,13 @@ def test_more_references_than_the_cap_are_refused_before_any_entry_is_read() -> 
     assert len(parse({ANNOTATION_DEVICES: json.dumps(entries)}, limit=5)) == 5
     with pytest.raises(ReferenceError, match="lists 6 devices; a VMI may reference at most 5"):
         parse({ANNOTATION_DEVICES: json.dumps([{"nonsense": True}] * 6)}, limit=5)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "words"),
+    [({ANNOTATION_DEVICES: 7}, "is not a string"), (["not", "a", "map"], "metadata.annotations is not a map")],
+)
+def test_annotations_of_the_wrong_type_are_named(annotations: Any, words: str) -> None:
+    """Issue 12: "the JSON object must be str, bytes or bytearray, not int" was what a tenant read."""
+    with pytest.raises(ReferenceError, match=words):
+        parse(annotations)

@@ -238,16 +238,25 @@ def own_gpu_entries(vmi: dict[str, Any], desired: Sequence[dict[str, str]], gpu_
     """§3.8: GPU entries the VMI carries that this webhook would not add."""
     ours = {e["name"]: e["deviceName"] for e in desired}
     out = []
-    for entry in _dig(vmi, "spec", "domain", "devices", "gpus") or []:
-        name = entry.get("name", "") if isinstance(entry, dict) else ""
+    gpus, host_devices = (_dig(vmi, "spec", "domain", "devices", f) for f in ("gpus", "hostDevices"))
+    # What the API server would reject anyway is named as such, never iterated as if it were a list.
+    for field, value in (("gpus", gpus), ("hostDevices", host_devices)):
+        if value is not None and not isinstance(value, list):
+            out.append(f"{field} (not a list)")
+    for i, entry in enumerate(gpus if isinstance(gpus, list) else []):
+        if not isinstance(entry, dict):
+            out.append(f"gpus entry {i} (not an object)")
+            continue
+        name = entry.get("name", "")
         if not (name in ours and entry.get("deviceName") == ours[name]):
             out.append(f"gpus {name}")
-    for entry in _dig(vmi, "spec", "domain", "devices", "hostDevices") or []:
+    for entry in host_devices if isinstance(host_devices, list) else []:
         if isinstance(entry, dict) and entry.get("deviceName") in gpu_names:
             out.append(f"hostDevices {entry.get('name', '')}")
     for kind in ("requests", "limits"):
-        resources = _dig(vmi, "spec", "domain", "resources", kind) or {}
-        out += [f"resources.{kind} {k}" for k in sorted(resources) if k in gpu_names]
+        resources = _dig(vmi, "spec", "domain", "resources", kind)
+        if isinstance(resources, dict):
+            out += [f"resources.{kind} {k}" for k in sorted(resources) if k in gpu_names]
     return out
 
 

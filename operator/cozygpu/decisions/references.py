@@ -67,9 +67,13 @@ def _entry(index: int, raw: Any) -> Ref:
 def parse(annotations: dict[str, str] | None, limit: int | None = None) -> list[Ref]:
     """§3.2: the annotation must be a non-empty JSON array of valid entries, at most `limit` of them (checked
     before any entry is looked at: one VMI's work must stay small beside everyone else's)."""
+    if annotations is not None and not isinstance(annotations, dict):
+        raise ReferenceError("metadata.annotations is not a map of strings")
     text = (annotations or {}).get(ANNOTATION_DEVICES)
     if text is None:
         raise ReferenceError(f"annotation {ANNOTATION_DEVICES} is missing")
+    if not isinstance(text, str):
+        raise ReferenceError(f"annotation {ANNOTATION_DEVICES} is not a string")
     try:
         raw = json.loads(text)
     except (ValueError, RecursionError):

@@ -79,9 +79,10 @@ class VMIAdmission:
 
     async def admit(self, vmi: dict[str, Any], dry_run: bool) -> dict[str, Any]:
         """The VMI as admitted (gpus entries, node pin); raises Refusal or InternalError."""
-        meta = vmi.get("metadata", {})
-        if (meta.get("labels") or {}).get(LABEL_DEVICE_REFERENCE) != TRUE:
-            return vmi
+        meta = vmi.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if not isinstance(labels, dict) or labels.get(LABEL_DEVICE_REFERENCE) != TRUE:
+            return vmi  # not ours to judge (the API server itself refuses labels that are not a map)
         name, namespace = meta.get("name") or "", meta.get("namespace") or ""
         started = time.monotonic()
         bound = structlog.contextvars.bound_contextvars(namespace=namespace, vmi=name or meta.get("generateName"))
