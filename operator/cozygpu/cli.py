@@ -92,6 +92,7 @@ def _run(args: argparse.Namespace) -> int:
         "sweep_interval": args.sweep_interval,
         "pod_scan_interval": args.pod_scan_interval,
         "max_devices_per_vmi": args.max_devices_per_vmi,
+        "crash_at_write": args.crash_at_write,
         "health_host": args.health_host,
         "health_port": args.health_port,
         "webhook_mode": "dev" if args.dev else ("off" if args.no_webhooks else None),
@@ -130,6 +131,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--webhook-timeout", type=float, help="the API server's webhook timeout (default 20)")
     run.add_argument("--grace-period", type=float, help="attachment grace period, seconds (default 120)")
     run.add_argument("--sweep-interval", type=float, help="safety-net sweep period, seconds (default 60)")
+    run.add_argument("--crash-at-write", type=int, help=argparse.SUPPRESS)  # tests/reliability only
     run.add_argument(
         "--max-devices-per-vmi", type=int, help="device references a VMI may list (default 64); more are refused"
     )

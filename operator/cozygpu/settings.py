@@ -56,6 +56,9 @@ class Settings(BaseModel):
         description="Device references a VMI may list (§3.2); a set must fit one node, and the largest GPU nodes "
         "hold 8-16 GPUs or some tens of vGPUs.",
     )
+    crash_at_write: int = Field(
+        default=0, ge=0, description="Tests only (tests/reliability): exit at once after the Nth API write lands."
+    )
     kubevirt_controller_user: str = Field(
         default="system:serviceaccount:kubevirt:kubevirt-controller",
         min_length=1,

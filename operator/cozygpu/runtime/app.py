@@ -67,7 +67,7 @@ class Operator:
         self.kube = AsyncKube(sync, workers=connections)
         self.cluster = Cluster()
         self.view = View(self.cluster)
-        self.writer = Writer(self.view, self.kube)
+        self.writer = Writer(self.view, self.kube, crash_at=settings.crash_at_write)
         self.metrics = Metrics(self.cluster)
         self.waiters = Waiters()
         self.reservations = Reservations(ttl=settings.webhook_timeout + 10)

@@ -11,6 +11,7 @@ the API's version goes in, so no one sees the view without either.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,8 @@ from cozygpu.kube.adapter import AlreadyExists, AsyncKube, Conflict, NotFound
 from cozygpu.runtime.view import View
 
 log = structlog.get_logger("cozygpu.writes")
+
+CRASHED = 75  # the exit status of an injected crash (tests/reliability)
 
 Body = dict[str, Any]
 
@@ -42,9 +45,13 @@ def _where(body: Body) -> tuple[str, str]:
 
 
 class Writer:
-    def __init__(self, view: View, kube: AsyncKube) -> None:
+    def __init__(self, view: View, kube: AsyncKube, *, crash_at: int = 0) -> None:
         self._view = view
         self._kube = kube
+        # Tests only (tests/reliability): end the process right after the Nth write lands, before the view
+        # or the caller hears of it, as a crash at that very point would.
+        self._crash_at = crash_at
+        self._writes = 0
         # Assumed devices whose write had an unknown outcome and whose fresh read failed too.
         self._doubtful: dict[tuple[str, str], int] = {}
 
@@ -65,6 +72,7 @@ class Writer:
         (None if it went meanwhile). Otherwise AlreadyExists is raised."""
         try:
             created = await self._kube.create(kind, body)
+            self._landed(kind, body)
         except AlreadyExists:
             if not existing_ok:
                 raise
@@ -80,6 +88,7 @@ class Writer:
         `at_once`: the object carries no finalizers, so the view forgets it now; otherwise what the deletion
         leaves (finalizers pending) the watch reports."""
         if await self._kube.delete(kind, name, namespace or None, uid=uid):
+            self._landed(kind, {"metadata": {"namespace": namespace, "name": name}})
             if at_once:
                 self._view.forget(kind.kind, namespace, name)
             return True
@@ -110,6 +119,13 @@ class Writer:
             self._view.apply(kind.kind, fresh)
         return Outcome(False, fresh)
 
+    def _landed(self, kind: kinds.Kind, body: Body) -> None:
+        self._writes += 1
+        if self._writes == self._crash_at:
+            namespace, name = _where(body)
+            log.warning("crash.injected", write=self._writes, kind=kind.kind, namespace=namespace, name=name)
+            os._exit(CRASHED)
+
     async def recheck(self) -> None:
         """Read again the assumed devices whose outcome is still unknown."""
         for (namespace, name), token in list(self._doubtful.items()):
@@ -121,6 +137,7 @@ class Writer:
         namespace, name = _where(body)
         try:
             response = await call(kind, body)
+            self._landed(kind, body)
         except (Conflict, NotFound):
             return await self.refresh(kind, name, namespace, assumption=assumption)
         except Exception:
