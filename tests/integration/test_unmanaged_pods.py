@@ -13,6 +13,7 @@ from cozygpu.api import kinds
 from cozygpu.api.names import LABEL_UNMANAGED_GPUS
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
+from cozygpu.runtime import policy
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.helpers import gpu_device_body
 
@@ -59,7 +60,20 @@ def test_a_pod_that_predates_the_guard_shows_on_its_node_and_takes_no_held_units
     start-up list: the GPUNode names it with its units, LostCapacity stays False while nothing is crowded, and
     the binder does not hand its unit to a held device; when it ends, the unit is free again."""
     node = gpu_node({gpu.resource: 2})["metadata"]["name"]
-    kube.create(kinds.POD, holding_pod("old-job", namespace, node, {gpu.resource: 1}))
+    # Before the policy: an operator killed by an earlier test may have left it registered (nothing removes it
+    # then), and the API server enforces it once it has seen this test's class.
+    for kind in (kinds.POLICY_BINDING, kinds.POLICY):
+        kube.delete(kind, policy.NAME)
+
+    def created() -> Body | None:
+        try:  # the API server stops enforcing a removed policy a moment later
+            return kube.create(kinds.POD, holding_pod("old-job", namespace, node, {gpu.resource: 1}))
+        except ApiError as e:
+            if e.status != 403:
+                raise
+            return None
+
+    wait_for("the old pod created, with no policy in the way", created, timeout=15)
     process = start_admitting_operator(operator_kubeconfig, tmp_path, "--sweep-interval", "2")
     try:
         units, pods = wait_for("the old pod on the GPUNode", lambda: (u := unmanaged(kube, node, gpu.resource))[0]
