@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import statistics
 import tempfile
 import time
@@ -24,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cozygpu.api import kinds
-from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION, LABEL_DEVICE_REFERENCE
-from cozygpu.devcluster import identity, nodes
+from cozygpu.api.names import API_VERSION
+from cozygpu.devcluster import bodies, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
@@ -35,18 +34,8 @@ CONFIGMAP = kinds.kind("ConfigMap")
 
 
 def vmi_body(name: str, namespace: str) -> Body:
-    refs = [{"deviceTemplate": {"className": "bench", "count": 1}}] * 2
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {LABEL_DEVICE_REFERENCE: "true"},
-            "annotations": {ANNOTATION_DEVICES: json.dumps(refs)},
-        },
-        "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
-    }
+    """A VMI with two template devices of the bench's class."""
+    return bodies.vmi_body(name, namespace, [{"deviceTemplate": {"className": "bench", "count": 1}}] * 2)
 
 
 def chain_of_writes(kube: Kube, name: str, namespace: str) -> None:

@@ -13,15 +13,15 @@ with VMIs created directly, and the demo says so. Everything stops at the end.
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from cozygpu.api import kinds
-from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION, LABEL_DEVICE_REFERENCE
+from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import binaries, identity, nodes
+from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
@@ -43,23 +43,9 @@ def device(name: str, count: int) -> dict[str, Any]:
     }
 
 
-def vmi_body(name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {
-            "name": name,
-            "namespace": NS,
-            "labels": {LABEL_DEVICE_REFERENCE: "true"},
-            "annotations": {ANNOTATION_DEVICES: json.dumps(refs)},
-        },
-        "spec": {"domain": {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}},
-    }
-
-
 def vm_body(name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
     """A VM as a tenant writes it: KubeVirt copies the template's label and annotation onto each VMI."""
-    template = vmi_body(name, refs)
+    template = vmi_body(name, NS, refs)
     return {
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachine",
@@ -137,7 +123,7 @@ def vmi_story(kube: Kube) -> None:
     """The same story with VMIs created directly, where KubeVirt's controllers are not available."""
     say("a VMI names train-a, train-b and a template GPU: the set is gathered on one node")
     refs = [{"device": "train-a"}, {"device": "train-b"}, {"deviceTemplate": {"className": "a10", "count": 1}}]
-    vmi = kube.create(kinds.VMI, vmi_body("trainer", refs))
+    vmi = kube.create(kinds.VMI, vmi_body("trainer", NS, refs))
     pin = vmi["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     print("gpus:", ", ".join(f"{g['name']}={g['deviceName']}" for g in vmi["spec"]["domain"]["devices"]["gpus"]))
     print("pinned to:", pin["nodeSelectorTerms"][0]["matchFields"][0]["values"][0])
@@ -145,7 +131,7 @@ def vmi_story(kube: Kube) -> None:
 
     say("another VMI asks for train-a, which trainer holds: refused, with the reason")
     try:
-        kube.create(kinds.VMI, vmi_body("intruder", [{"device": "train-a"}]))
+        kube.create(kinds.VMI, vmi_body("intruder", NS, [{"device": "train-a"}]))
     except ApiError as e:
         print(f"refused: {refused(e)}")
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, LABEL_TEMPLATE_DEVICE
+from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
+from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import ApiError, Body, Conflict, Kube
 
@@ -36,37 +36,6 @@ def gpu_device_body(name: str, namespace: str, class_name: str, count: int = 1) 
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
-
-
-def vmi_body(
-    name: str,
-    namespace: str,
-    refs: list[dict[str, Any]] | str | None,
-    *,
-    labels: dict[str, str] | None = None,
-    domain: dict[str, Any] | None = None,
-    affinity: dict[str, Any] | None = None,
-) -> Body:
-    """A VMI with device references in KubeVirt's schema; refs None leaves the annotation out."""
-    annotations = {}
-    if refs is not None:
-        annotations[ANNOTATION_DEVICES] = refs if isinstance(refs, str) else json.dumps(refs)
-    spec: dict[str, Any] = {
-        "domain": domain or {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}},
-    }
-    if affinity:
-        spec["affinity"] = affinity
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {LABEL_DEVICE_REFERENCE: "true", **(labels or {})},
-            "annotations": annotations,
-        },
-        "spec": spec,
-    }
 
 
 def leftovers(kube: Kube, namespace: str, vmi: str) -> list[str]:

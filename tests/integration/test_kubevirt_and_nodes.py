@@ -7,10 +7,11 @@ import subprocess
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
+from cozygpu.api.names import LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import binaries, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.kube.adapter import Invalid, Kube
+from tests import helpers
 from tests.conftest import GPUNodeFactory
 from tests.helpers import A10
 
@@ -18,22 +19,9 @@ pytestmark = pytest.mark.integration
 
 
 def vmi_body(name: str, namespace: str, gpus: list[dict[str, str]]) -> dict[str, object]:
-    return {
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "labels": {LABEL_DEVICE_REFERENCE: "true"},
-            "annotations": {ANNOTATION_DEVICES: '[{"device": "d1"}]'},
-        },
-        "spec": {
-            "domain": {
-                "devices": {"gpus": gpus},
-                "resources": {"requests": {"memory": "1Gi"}},
-            }
-        },
-    }
+    """A labelled VMI carrying `gpus` entries of its own."""
+    domain = {"devices": {"gpus": gpus}, "resources": {"requests": {"memory": "1Gi"}}}
+    return helpers.vmi_body(name, namespace, [{"device": "d1"}], domain=domain)
 
 
 def test_vmi_with_gpus_entries_is_stored_with_kubevirts_schema(kube: Kube, namespace: str) -> None:

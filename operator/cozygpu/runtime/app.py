@@ -1,10 +1,12 @@
 """The operator process, as wiring: one cluster view and its door, the one writer, the workers.
 
-`Operator` is what the kopf handlers (runtime.handlers) call: watch events go through
-the view's door (runtime.view), whose changes wake the workers that subscribed; the
-admission handlers go to the gate (runtime.gate). `startup` seeds the view with a
-resync (runtime.resync), learns its own identity, starts the workers, serves (and in
-dev mode registers) the webhooks (runtime.registration), and only then reports ready.
+`Operator` is what the kopf handlers (runtime.handlers) call for start-up, clean-up and
+login; their admission handlers go to the gate (runtime.gate). The informers
+(runtime.informer, runtime.podwatch) feed the view's door (runtime.view), whose changes
+wake the workers that subscribed. `startup` seeds the view with a resync
+(runtime.resync), learns its own identity, starts the workers under supervision
+(runtime.supervision), serves (and in dev mode registers) the webhooks
+(runtime.registration), and only then reports ready.
 """
 
 from __future__ import annotations
@@ -106,7 +108,11 @@ class Operator:
         self.informers = [Informer(self.view, self.kube, kind) for kind in kinds.WATCHED]
         self._resync = Resync(self.informers)
         self.pods = PodWatch(
-            self.view, self.kube, scan_interval=settings.pod_scan_interval, recheck_interval=settings.sweep_interval
+            self.view,
+            self.kube,
+            self.writer,
+            scan_interval=settings.pod_scan_interval,
+            recheck_interval=settings.sweep_interval,
         )
         self.registration = Registration(settings, self.kube)
         self.supervisor = Supervisor()
@@ -133,7 +139,9 @@ class Operator:
         for task in self._tasks:
             if task.done():
                 return False, f"{task.get_name()} stopped"
-        for name, why in sorted(self.supervisor.failing().items()):
+        failing = sorted(self.supervisor.failing().items())
+        if failing:
+            name, why = failing[0]
             return False, f"{name} failed and is starting again: {why}"
         for informer in self.informers + self.pods.informers:
             if informer.failing is not None:

@@ -28,9 +28,10 @@ import structlog
 from cozygpu.api import kinds
 from cozygpu.api.names import LABEL_KUBEVIRT, LAUNCHER
 from cozygpu.api.pods import EXTENDED, asked
-from cozygpu.kube.adapter import ApiError, AsyncKube
+from cozygpu.kube.adapter import AsyncKube
 from cozygpu.runtime.informer import Informer
 from cozygpu.runtime.view import View
+from cozygpu.runtime.writes import Writer
 
 log = structlog.get_logger("cozygpu.pods")
 
@@ -44,9 +45,12 @@ def _asks(body: dict[str, Any]) -> bool:
 
 
 class PodWatch:
-    def __init__(self, view: View, kube: AsyncKube, *, scan_interval: float, recheck_interval: float) -> None:
+    def __init__(
+        self, view: View, kube: AsyncKube, writer: Writer, *, scan_interval: float, recheck_interval: float
+    ) -> None:
         self._view = view
         self._kube = kube
+        self._writer = writer
         self._scan_interval = scan_interval
         self._recheck_interval = recheck_interval
         pods = view.cluster.pods
@@ -70,7 +74,10 @@ class PodWatch:
         await self._scan()
 
     async def run(self) -> None:
-        await asyncio.gather(self._launchers.run(), self._scan_every(), self._recheck_every())
+        # A group: should one of them ever fail, the others end with it and the supervisor starts all again.
+        async with asyncio.TaskGroup() as group:
+            for part in (self._launchers.run(), self._scan_every(), self._recheck_every()):
+                group.create_task(part)
 
     async def _scan(self) -> None:
         forgotten, _ = await self._everything.list(resume=False)
@@ -96,11 +103,8 @@ class PodWatch:
                 if held is None or held.vmi is not None:
                     continue
                 try:
-                    fresh = await self._kube.get_or_none(kinds.POD, name, namespace)
-                except ApiError as e:
-                    log.warning("pods.read_failed", namespace=namespace, pod=name, error=e.message)
-                    continue
-                if fresh is None:
-                    self._view.forget("Pod", namespace, name)
-                else:
-                    self._view.apply("Pod", fresh)
+                    await self._writer.refresh(kinds.POD, name, namespace)  # into the view, or forgotten
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # the API or the network: read again next time
+                    log.warning("pods.read_failed", namespace=namespace, pod=name, error=str(e) or type(e).__name__)

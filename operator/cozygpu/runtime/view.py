@@ -1,7 +1,7 @@
 """The one door into the cluster view: everything that changes it comes through here.
 
-Watch events (runtime.handlers via the Operator), resync lists (runtime.resync) and
-the responses of our own writes (runtime.writes) all go through `View.apply`, which
+Watch events and lists (runtime.informer, for the resync too) and the responses of
+our own writes (runtime.writes) all go through `View.apply`, which
 stores them in the `Cluster` and hands the resulting `Change` to every worker that
 subscribed to its kind. Workers keep their own queues from those changes; nothing in
 the view is another worker's to-do list.
@@ -33,11 +33,6 @@ class View:
             for subscriber in self._subscribers[kind]:
                 subscriber(change)
         return change
-
-    def event(self, kind: str, event: dict[str, Any]) -> Change:
-        """A watch event (or a resync's list item, type None): a DELETED one carries the removal's version,
-        which keeps late echoes of our own writes out."""
-        return self.apply(kind, event.get("object") or {}, deleted=event.get("type") == "DELETED")
 
     def forget(self, kind: str, namespace: str, name: str, resource_version: str | None = None) -> Change:
         """The API says the object is gone (a NotFound, a list that lacks it)."""

@@ -96,8 +96,7 @@ class Cluster:
         self._raw_versions: dict[str, dict[Any, int]] = {"VirtualMachineInstance": {}, "Namespace": {}, "KubeVirt": {}}
         self._vmi_uids: set[str] = set()
         self.pods = PodUsage(tombstones)  # units pods hold per node: those the operator did not place (§1.3)
-        self._unbound: set[DeviceKey] = set()
-        # The same devices first come first served (§5.5), kept in order rather than sorted per pass.
+        # Devices not Bound, first come first served (§5.5), kept in order rather than sorted per pass.
         self._turns: list[tuple[dt.datetime, int, str, str]] = []
         self._turn_of: dict[DeviceKey, tuple[dt.datetime, int, str, str]] = {}
         # Units of Bound devices per node and resource, each device as it was counted, and every
@@ -251,7 +250,6 @@ class Cluster:
             if request.result is None:
                 self._open_requests[request.id].add(key)
         if not device.holds_gpus:
-            self._unbound.add(key)
             turn = self.turn(device)
             bisect.insort(self._turns, turn)
             self._turn_of[key] = turn
@@ -259,7 +257,6 @@ class Cluster:
             _add(self._use.setdefault(key[0], {}), device.spec.class_name, device.spec.count)
 
     def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
-        self._unbound.discard(key)
         turn = self._turn_of.pop(key, None)
         if turn is not None:
             del self._turns[bisect.bisect_left(self._turns, turn)]
@@ -455,10 +452,6 @@ class Cluster:
     def unbound_in_turn(self) -> list[GPUDevice]:
         """Devices not Bound, first come first served (`turn`), from the order kept as they change."""
         return [self.devices[(t[2], t[3])] for t in self._turns]
-
-    def unbound_devices(self) -> list[GPUDevice]:
-        """Devices not Bound: unseen, Pending or Lost; the binder's waiting room."""
-        return [self.devices[k] for k in self._unbound]
 
     def gone_nodes(self) -> list[str]:
         """Nodes that some device names but the view does not have, sorted."""
