@@ -307,6 +307,20 @@ def test_an_undo_leaves_what_others_wrote() -> None:
     assert undone is not None and undone.status.attached_to is not None and undone.status.bind_request is None
 
 
+def test_a_template_device_another_create_of_the_name_took_is_not_the_creators_to_delete() -> None:
+    """Issue 12 item 7: the creator's undo deletes its template device only while nothing but its own request
+    (or none) is on it and no VMI object has claimed it."""
+    untouched = GPUDevice.from_wire(device("vm-gpu-0"))
+    assert not admission.taken_over(untouched, "r1")
+    own = GPUDevice.from_wire(device("vm-gpu-0", status=request("r1", "vm", ["vm-gpu-0"], EPOCH)))
+    assert not admission.taken_over(own, "r1")
+    theirs = GPUDevice.from_wire(device("vm-gpu-0", status=request("r2", "vm", ["vm-gpu-0"], EPOCH)))
+    assert admission.taken_over(theirs, "r1")
+    claimed = request("r1", "vm", ["vm-gpu-0"], EPOCH)
+    claimed["attachedTo"]["uid"] = "u1"
+    assert admission.taken_over(GPUDevice.from_wire(device("vm-gpu-0", status=claimed)), "r1")
+
+
 def test_malformed_gpu_fields_are_named_not_spelled_out_letter_by_letter() -> None:
     """Issue 12: a string `gpus` was iterated as a list ("gpus , gpus , ..."); entries that are no objects, or
     resources that are no map, are named once, and no Python error reaches the tenant."""

@@ -342,6 +342,13 @@ def pinned(vmi: dict[str, Any], gpus: Sequence[dict[str, str]], node: str | None
     return out
 
 
+def taken_over(device: GPUDevice, request_id: str) -> bool:
+    """A template device one admission created that another has since taken for the same VMI name: it carries
+    another call's request, or a VMI object has claimed its attachment (a uid). The creator's undo leaves it."""
+    request, attached = device.status.bind_request, device.status.attached_to
+    return (request is not None and request.id != request_id) or (attached is not None and attached.uid is not None)
+
+
 def undone(device: GPUDevice, vmi: str, request_id: str, attached_by_us: bool) -> GPUDevice | None:
     """The device with what one refused admission wrote taken back: its own request, and the attachment it
     made if no VMI object has claimed it since (a uid recorded); None when there is nothing of it left."""

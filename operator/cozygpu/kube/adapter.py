@@ -258,13 +258,16 @@ class Kube:
         namespace: str | None = None,
         *,
         uid: str | None = None,
+        resource_version: str | None = None,
         propagation: str | None = None,
         grace_seconds: int | None = None,
     ) -> bool:
-        """Delete; False when it was already gone. A uid makes it a precondition."""
+        """Delete; False when it was already gone. A uid or resourceVersion makes it a precondition
+        (Conflict when it fails)."""
         options: Body = {"kind": "DeleteOptions", "apiVersion": "v1"}
-        if uid:
-            options["preconditions"] = {"uid": uid}
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        if preconditions:
+            options["preconditions"] = preconditions
         if propagation:
             options["propagationPolicy"] = propagation
         if grace_seconds is not None:
@@ -407,8 +410,16 @@ class AsyncKube:
             self.sync.patch, kind, name, patch, namespace, subresource=subresource, patch_type=patch_type
         )
 
-    async def delete(self, kind: Kind, name: str, namespace: str | None = None, *, uid: str | None = None) -> bool:
-        return await self._run(self.sync.delete, kind, name, namespace, uid=uid)
+    async def delete(
+        self,
+        kind: Kind,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+    ) -> bool:
+        return await self._run(self.sync.delete, kind, name, namespace, uid=uid, resource_version=resource_version)
 
     async def list_versioned(self, kind: Kind) -> tuple[list[Body], str]:
         return await self._run(self.sync.list_versioned, kind)

@@ -22,7 +22,7 @@ from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import FINALIZER_IN_USE, KUBEVIRT_API_VERSION
 from cozygpu.decisions import lifecycle
 from cozygpu.decisions.lifecycle import Action, Do
-from cozygpu.kube.adapter import ApiError
+from cozygpu.kube.adapter import ApiError, Conflict
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
@@ -152,8 +152,19 @@ class Collector:
                     device, finalizers=[f for f in meta.finalizers if f != FINALIZER_IN_USE]
                 )
             if target is not None:  # None: dropping the finalizer already finished a deletion
-                # Gone before we got to it (the view missed it in a watch gap): the writer forgets it.
-                await self._writer.delete(kinds.GPU_DEVICE, target.name, namespace, uid=target.metadata.uid)
+                # Gone before we got to it (the view missed it in a watch gap): the writer forgets it. Under the
+                # version decided on: an admission reusing the device meanwhile (a quick restart) wins.
+                try:
+                    await self._writer.delete(
+                        kinds.GPU_DEVICE,
+                        target.name,
+                        namespace,
+                        uid=target.metadata.uid,
+                        resource_version=target.metadata.resource_version,
+                    )
+                except Conflict:
+                    await self._writer.refresh(kinds.GPU_DEVICE, target.name, namespace)
+                    raise _Raced from None
             self._events.post(device, "Released", f"deleted: {action.reason}")
             return None
         if action.do in METADATA:

@@ -24,7 +24,7 @@ from cozygpu.api.names import LABEL_DEVICE_REFERENCE, TRUE, template_device_name
 from cozygpu.decisions import admission, budgets, references
 from cozygpu.decisions.admission import Member
 from cozygpu.decisions.references import HeldRef, TemplateRef
-from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube
+from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.reservations import Reservations
 from cozygpu.runtime.waiters import Waiters
@@ -287,11 +287,34 @@ class VMIAdmission:
                     if name not in created:
                         await self._clear(namespace, name, vmi, writes.request_id, name in writes.attached)
                 for d in writes.created:
-                    await self._writer.delete(kinds.GPU_DEVICE, d.name, namespace, uid=d.metadata.uid)
-                    log.info("vmi.undo.deleted", device=d.name)
+                    await self._delete_created(namespace, d, writes.request_id)
         except (ApiError, TimeoutError) as e:
             # What is left, the garbage collector clears after the grace period (§6.3).
             log.warning("vmi.undo.incomplete", error=str(e), request_id=writes.request_id)
+
+    async def _delete_created(self, namespace: str, created: GPUDevice, request_id: str) -> None:
+        """Delete a template device this call made, unless a concurrent create of the same VMI name took it
+        over (issue 12 item 7); read fresh and deleted under its resourceVersion, so a takeover racing the
+        delete makes it fail and decide again."""
+        for _ in range(CONFLICT_RETRIES):
+            current = await self._get(namespace, created.name)
+            if current is None or current.metadata.uid != created.metadata.uid:
+                return
+            if admission.taken_over(current, request_id):
+                log.info("vmi.undo.left", device=created.name, request_id=request_id)
+                return
+            try:
+                await self._writer.delete(
+                    kinds.GPU_DEVICE,
+                    created.name,
+                    namespace,
+                    uid=created.metadata.uid,
+                    resource_version=current.metadata.resource_version,
+                )
+            except Conflict:
+                continue
+            log.info("vmi.undo.deleted", device=created.name)
+            return
 
     async def _clear(self, namespace: str, name: str, vmi: str, request_id: str, attached_by_us: bool) -> None:
         for _ in range(CONFLICT_RETRIES):

@@ -82,12 +82,20 @@ class Writer:
         return created
 
     async def delete(
-        self, kind: kinds.Kind, name: str, namespace: str = "", *, uid: str | None = None, at_once: bool = False
+        self,
+        kind: kinds.Kind,
+        name: str,
+        namespace: str = "",
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        at_once: bool = False,
     ) -> bool:
-        """Delete (with a UID precondition if given); False when it was gone already, and the view forgets it.
+        """Delete (with a UID or resourceVersion precondition if given: Conflict when it fails); False when it
+        was gone already, and the view forgets it.
         `at_once`: the object carries no finalizers, so the view forgets it now; otherwise what the deletion
         leaves (finalizers pending) the watch reports."""
-        if await self._kube.delete(kind, name, namespace or None, uid=uid):
+        if await self._kube.delete(kind, name, namespace or None, uid=uid, resource_version=resource_version):
             self._landed(kind, {"metadata": {"namespace": namespace, "name": name}})
             if at_once:
                 self._view.forget(kind.kind, namespace, name)
