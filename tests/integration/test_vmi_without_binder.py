@@ -2,8 +2,9 @@
 
 A binder that does not answer in time: the VMI is refused and the call's writes
 undone, but never what a concurrent admission of the same VMI name took over (the test
-answers that one itself, as the binder would). And a held device whose node is gone before anything marked it Lost: with the
-binder off nothing does, so the webhook's own node check is what refuses it.
+answers that one itself, as the binder would). And a held device whose node is gone
+before anything marked it Lost: with the binder off nothing does, so the webhook's own
+node check is what refuses it.
 """
 
 from __future__ import annotations
