@@ -67,7 +67,8 @@ dev-cluster: venv control-plane
 	$(BIN)/cozygpu dev-cluster --kubeconfig .dev/kubeconfig $(DEV_CLUSTER_FLAGS)
 
 # Figures, each beside its peer (prints, asserts nothing; never part of make test): the decision
-# paths in memory, the binder against kube-scheduler, admission against its chain of writes.
+# paths in memory, the binder against kube-scheduler, admission against its chain of writes and
+# beside another tenant's largest VMIs.
 BENCH_SIZES ?= 1000:5000 5000:20000
 bench: venv
 	bash hack/build-control-plane.sh kube-scheduler >/dev/null
@@ -78,6 +79,7 @@ bench: venv
 	  KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh kube-scheduler | tail -n 1)" \
 	    $(BIN)/python bench/binder.py --nodes $${size%%:*} --devices $${size##*:} || exit 1; done
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/admission.py
+	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/neighbour.py
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/scale.py
 
 clean:

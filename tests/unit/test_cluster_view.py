@@ -199,8 +199,9 @@ _ops = st.lists(
 @settings(max_examples=200, deadline=None)
 @given(_ops)
 def test_held_units_and_nodes_by_resource_always_match_a_recount(ops: list[tuple[str, int, int]]) -> None:
-    """The incremental indexes (held units, nodes by resource, nodes devices name that are gone, the waiting
-    devices' order) equal what summing every device, scanning every node and sorting would give."""
+    """The incremental indexes (held units, nodes by resource, the most units a node has, nodes devices name
+    that are gone, the waiting devices' order) equal what summing every device, scanning every node and
+    sorting would give."""
     c = cluster(classes=[gpu_class("a10"), gpu_class("l40", L40S)])
     versions = iter(range(1000, 10_000))
     for op, i, j in ops:
@@ -230,6 +231,8 @@ def test_held_units_and_nodes_by_resource_always_match_a_recount(ops: list[tuple
         assert c.held_by_class(n) == dict(recount.get(n, {}))
     for resources in ({A10}, {L40S}, {A10, L40S}):
         assert c.nodes_with(resources) == sorted(n.name for n in c.nodes.values() if resources <= n.allocatable.keys())
+    for resource in (A10, L40S, "example.com/none"):
+        assert c.most_units(resource) == max((n.units(resource) for n in c.nodes.values()), default=0)
     named = {d.status.node_name for d in c.devices.values() if d.status.node_name}
     assert c.gone_nodes() == sorted(n for n in named if n not in c.nodes)
     unbound = [d for d in c.devices.values() if not d.holds_gpus]

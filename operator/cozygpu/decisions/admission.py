@@ -204,7 +204,7 @@ def templates_fit(cluster: Cluster, members: Sequence[Member]) -> str | None:
         if not m.template or m.device.holds_gpus:
             continue
         resource = m.cls.spec.resource_name
-        most = max((n.units(resource) for n in cluster.nodes.values()), default=0)
+        most = cluster.most_units(resource)
         if m.device.spec.count > most:
             return (
                 f"deviceTemplate {m.index}: no node has {m.device.spec.count} units of {resource}; "

@@ -96,6 +96,7 @@ class Operator:
             max_devices=settings.max_devices_per_vmi,
             writer=self.writer,
             events=self.events,
+            calls_in_flight=max(2, connections // 8),
         )
         self.validation = Validation(self.cluster, self.reservations)
         self.gate = Gate(

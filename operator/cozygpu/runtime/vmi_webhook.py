@@ -67,6 +67,7 @@ class VMIAdmission:
         max_devices: int,
         writer: Writer,
         events: Recorder | None = None,
+        calls_in_flight: int = 4,
     ) -> None:
         self._cluster = cluster
         self._kube = kube
@@ -74,6 +75,9 @@ class VMIAdmission:
         self._reservations = reservations
         self._bind_timeout = bind_timeout
         self._max_devices = max_devices
+        # API calls one admission has in flight at once: a VMI with many devices must not fill the shared
+        # pool and queue every other tenant's calls behind its own (issue 12 item 2).
+        self._calls_in_flight = calls_in_flight
         self._writer = writer  # its writes' responses go into the view, which wakes the binder
         self._events = events
 
@@ -147,7 +151,7 @@ class VMIAdmission:
 
     async def _resolve(self, namespace: str, vmi: str, refs: list[references.Ref]) -> list[Member]:
         names = [r.name if isinstance(r, HeldRef) else template_device_name(vmi, i) for i, r in enumerate(refs)]
-        devices = await asyncio.gather(*(self._get(namespace, n) for n in names))
+        devices = await gather_bounded((self._get(namespace, n) for n in names), self._calls_in_flight)
         members: list[Member] = []
         problems: list[str] = []
         for index, (ref, device) in enumerate(zip(refs, devices, strict=True)):
@@ -177,7 +181,9 @@ class VMIAdmission:
             )
             writes.request_id = request.id
             # One status write per device, all at once: the binder answers once every one carries the id.
-            await _all(self._request(m.device, vmi, request, writes) for m in members)
+            await gather_bounded(
+                (self._request(m.device, vmi, request, writes) for m in members), self._calls_in_flight
+            )
             answered = await self._wait(namespace, request)
             if answered is None:
                 raise Refusal(
@@ -210,7 +216,7 @@ class VMIAdmission:
             writes.created.append(created)
             return Member(created, m.cls, m.index, template=True, create=False)
 
-        return await _all(create(m) for m in members)
+        return await gather_bounded((create(m) for m in members), self._calls_in_flight)
 
     async def _request(self, device: GPUDevice, vmi: str, request: BindRequest, writes: _Writes) -> None:
         """Attach and write the request in one status update, under the device's resourceVersion."""
@@ -331,10 +337,16 @@ class VMIAdmission:
             return
 
 
-async def _all(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """Await every call; if any failed, raise the first failure once all are done (so the undo sees every
-    write that did land)."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
+async def gather_bounded(calls: Iterable[Awaitable[T]], limit: int) -> list[T]:
+    """Await every call, at most `limit` at once, results in order; if any failed, raise the first failure
+    once all are done (so the undo sees every write that did land)."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Awaitable[T]) -> T:
+        async with gate:
+            return await call
+
+    results = await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result

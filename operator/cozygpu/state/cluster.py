@@ -16,7 +16,7 @@ import dataclasses
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode
 from cozygpu.api.kinds import VIEWED
@@ -56,9 +56,10 @@ def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
 
 
 _LAST = dt.datetime.max.replace(tzinfo=dt.UTC)
+K = TypeVar("K")
 
 
-def _add(counts: dict[str, int], key: str, units: int) -> None:
+def _add(counts: dict[K, int], key: K, units: int) -> None:
     """Add to a counter, dropping it at zero."""
     counts[key] = counts.get(key, 0) + units
     if not counts[key]:
@@ -90,6 +91,8 @@ class Cluster:
         self._gone_nodes: set[str] = set()
         # Nodes by the resources in their allocatable: placement looks only at nodes that have them.
         self._nodes_by_resource: dict[str, set[str]] = defaultdict(set)
+        # Per resource, how many nodes serve each count of units: the largest a node has, without a scan (§3.7).
+        self._unit_sizes: dict[str, dict[int, int]] = defaultdict(dict)
         # VMIs with device references, by (namespace, name): their uid (§6).
         self.vmis: dict[DeviceKey, str] = {}
         # Versions of what is stored as plain data (VMIs, namespaces, KubeVirt CRs), for resyncs.
@@ -393,6 +396,10 @@ class Cluster:
                 out[d.spec.class_name] = out.get(d.spec.class_name, 0) + d.spec.count
         return out
 
+    def most_units(self, resource: str) -> int:
+        """The most units of `resource` any one node serves (0 if none): over the distinct sizes, not the nodes."""
+        return max(self._unit_sizes.get(resource, {0: 1}))
+
     def nodes_with(self, resources: Iterable[str]) -> list[str]:
         """Names of the nodes whose allocatable names every one of the resources, sorted."""
         sets = [self._nodes_by_resource.get(r, set()) for r in resources]
@@ -583,8 +590,9 @@ class Cluster:
         self._changed = True
         self.nodes[node.name] = node
         self._gone_nodes.discard(node.name)
-        for resource in node.allocatable:
+        for resource, units in node.allocatable.items():
             self._nodes_by_resource[resource].add(node.name)
+            _add(self._unit_sizes[resource], units, 1)
         for resource in set(node.allocatable) | set(old.allocatable if old else ()):
             self._reorder(node.name, resource)
         # A status heartbeat or a resync's list changes nothing a decision reads: no retry for it.
@@ -596,11 +604,14 @@ class Cluster:
     def _unindex_node(self, node: NodeInfo | None) -> None:
         if node is None:
             return
-        for resource in node.allocatable:
+        for resource, units in node.allocatable.items():
             names = self._nodes_by_resource[resource]
             names.discard(node.name)
             if not names:
                 del self._nodes_by_resource[resource]
+            _add(self._unit_sizes[resource], units, -1)
+            if not self._unit_sizes[resource]:
+                del self._unit_sizes[resource]
 
     def remove_node(self, name: str, resource_version: str | None = None) -> None:
         old = self.nodes.pop(name, None)
