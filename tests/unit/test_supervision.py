@@ -1,12 +1,15 @@
-"""Workers outlive their failures (§10): restarted with backoff, reported to /readyz meanwhile."""
+"""Workers outlive their failures (§10): restarted with backoff, reported to /readyz meanwhile; a task that
+really dies is reported by /healthz and ends the process."""
 
 from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import pytest
 
 from cozygpu.runtime import supervision
+from cozygpu.runtime.health import HealthServer
 from cozygpu.runtime.supervision import Supervisor
 
 
@@ -37,3 +40,55 @@ def test_a_worker_that_fails_is_started_again_and_says_so_meanwhile(monkeypatch:
     asyncio.run(scenario())
     assert len(runs) == 3 and supervisor.restarts == 2
     assert seen == [{"accountant": "the API server went away"}, {}]
+
+
+def test_a_task_that_dies_is_reported_dead_and_ends_the_process_once() -> None:
+    """A task started without restarts that raises, or a worker that returns, has died: `dead` names it and
+    how, and `on_death` is called once. A cancelled task or a supervised failure is not a death."""
+    deaths: list[str] = []
+    supervisor = Supervisor(on_death=lambda: deaths.append("ended"))
+
+    async def crashing() -> None:
+        raise RuntimeError("renewal bug")
+
+    async def returning() -> None:
+        return None
+
+    async def forever() -> None:
+        await asyncio.sleep(3600)
+
+    async def scenario() -> None:
+        cancelled = supervisor.start("accountant", forever)
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        await asyncio.gather(cancelled, return_exceptions=True)
+        assert supervisor.dead() == {} and deaths == []
+        died = supervisor.start("leadership", crashing, restart=False)
+        returned = supervisor.start("resync", returning, restart=False)
+        await asyncio.gather(died, returned, return_exceptions=True)
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert supervisor.dead() == {"leadership": "failed: renewal bug", "resync": "returned"}
+    assert deaths == ["ended"]
+
+
+def test_healthz_answers_500_naming_the_dead_task_and_200_otherwise() -> None:
+    """/healthz is what the kubelet restarts on: 500 with the task and how it died, 200 while none has."""
+    alive: list[tuple[bool, str]] = [(True, "")]
+
+    async def scenario() -> list[tuple[int, str]]:
+        server = HealthServer("127.0.0.1", 0, lambda: (True, ""), alive=lambda: alive[0])
+        await server.start()
+        seen = []
+        try:
+            async with aiohttp.ClientSession() as session:
+                for state in ((True, ""), (False, "leadership failed: renewal bug; the process is ending")):
+                    alive[0] = state
+                    async with session.get(f"http://127.0.0.1:{server.port}/healthz") as r:
+                        seen.append((r.status, await r.text()))
+        finally:
+            await server.stop()
+        return seen
+
+    assert asyncio.run(scenario()) == [(200, "ok"), (500, "leadership failed: renewal bug; the process is ending")]

@@ -116,8 +116,12 @@ class Operator:
             recheck_interval=settings.sweep_interval,
         )
         self.registration = Registration(settings, self.kube)
-        self.supervisor = Supervisor()
-        self.health = HealthServer(settings.health_host, settings.health_port, self.readiness, self.metrics.render)
+        # A task that really died ends the process: the kubelet starts a whole one again (§10).
+        self.supervisor = Supervisor(on_death=self._end)
+        self._ending = False
+        self.health = HealthServer(
+            settings.health_host, settings.health_port, self.readiness, self.metrics.render, self.liveness
+        )
         self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
         self._not_leading = "not the leader yet"
         self.synced = False
@@ -147,6 +151,13 @@ class Operator:
         for informer in self.informers + self.pods.informers:
             if informer.failing is not None:
                 return False, f"the watch of {informer.kind.plural} is failing: {informer.failing}"
+        return True, ""
+
+    def liveness(self) -> tuple[bool, str]:
+        dead = sorted(self.supervisor.dead().items())
+        if dead:
+            name, how = dead[0]
+            return False, f"{name} {how}; the process is ending"
         return True, ""
 
     # -- events --------------------------------------------------------------
@@ -204,11 +215,9 @@ class Operator:
             workers["webhooks"] = lambda: self.registration.serve(self.validation.operator_user)
         # Each worker started again after any failure (runtime.supervision); leadership is not: a renewal
         # that fails is its own business, and losing the Lease ends the process (§10).
-        self._tasks = [
-            asyncio.create_task(self.supervisor.supervised(name, run), name=name) for name, run in workers.items()
-        ]
+        self._tasks = [self.supervisor.start(name, run) for name, run in workers.items()]
         if self.leadership is not None:
-            self._tasks.append(asyncio.create_task(self.leadership.hold(), name="leadership"))
+            self._tasks.append(self.supervisor.start("leadership", self.leadership.hold, restart=False))
         log.info(
             "operator.synced",
             devices=len(self.cluster.devices),
@@ -233,7 +242,13 @@ class Operator:
             if task.get_name() != "leadership":
                 task.cancel()
         self._not_leading = "the Lease was lost"
-        signal.raise_signal(signal.SIGTERM)
+        self._end()
+
+    def _end(self) -> None:
+        """Stop the process as SIGTERM would (kopf's cleanup runs), once whatever asks."""
+        if not self._ending:
+            self._ending = True
+            signal.raise_signal(signal.SIGTERM)
 
     async def cleanup(self) -> None:
         for task in self._tasks:

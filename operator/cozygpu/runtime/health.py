@@ -1,4 +1,6 @@
-"""/healthz, /readyz and /metrics over plain HTTP (§10): ready only once nothing decides on a partial view."""
+"""/healthz, /readyz and /metrics over plain HTTP (§10): ready only once nothing decides on a partial view;
+alive while no task the process needs has died (a blocked event loop answers nothing, which the probe's
+timeout reads the same way)."""
 
 from __future__ import annotations
 
@@ -14,15 +16,18 @@ class HealthServer:
         port: int,
         ready: Callable[[], tuple[bool, str]],
         metrics: Callable[[], tuple[bytes, str]] | None = None,
+        alive: Callable[[], tuple[bool, str]] = lambda: (True, ""),
     ) -> None:
         self._host, self._port = host, port
         self._ready = ready
+        self._alive = alive
         self._metrics = metrics
         self._runner: web.AppRunner | None = None
         self.port = port
 
     async def _healthz(self, request: web.Request) -> web.Response:
-        return web.Response(text="ok")
+        ok, why = self._alive()
+        return web.Response(text="ok" if ok else why, status=200 if ok else 500)
 
     async def _readyz(self, request: web.Request) -> web.Response:
         ok, why = self._ready()

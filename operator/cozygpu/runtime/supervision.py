@@ -5,6 +5,11 @@ watch): `supervised` runs the worker, and if it ever raises, logs what failed
 (`task.failed`, with the traceback), waits a capped, jittered backoff and runs it again.
 Workers keep their queues on themselves, so a restart loses nothing they knew. While a
 worker is between a failure and its restart, `Supervisor.failing` says so for /readyz.
+
+`start` makes each task, supervised or not (leadership is not: a lost Lease ends the
+process on purpose). A task that ends other than by cancellation has really died:
+`dead` says so for /healthz, and `on_death` is called once so the process ends and
+the kubelet starts it afresh (§10).
 """
 
 from __future__ import annotations
@@ -25,13 +30,38 @@ STEADY = 60.0
 
 
 class Supervisor:
-    def __init__(self) -> None:
+    def __init__(self, on_death: Callable[[], None] | None = None) -> None:
         self._failing: dict[str, str] = {}
+        self._dead: dict[str, str] = {}
+        self._on_death = on_death
         self.restarts = 0
 
     def failing(self) -> dict[str, str]:
         """Workers waiting to be started again after a failure, with what failed."""
         return dict(self._failing)
+
+    def dead(self) -> dict[str, str]:
+        """Tasks that ended other than by cancellation, with how: the process cannot work without them."""
+        return dict(self._dead)
+
+    def start(
+        self, name: str, run: Callable[[], Coroutine[Any, Any, None]], *, restart: bool = True
+    ) -> asyncio.Task[None]:
+        """The task for a worker: run again after any failure (`supervised`) unless `restart` is False."""
+        task = asyncio.create_task(self.supervised(name, run) if restart else run(), name=name)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        error = task.exception()
+        why = f"failed: {error or type(error).__name__}" if error is not None else "returned"
+        first = not self._dead
+        self._dead[task.get_name()] = why
+        log.error("task.died", task=task.get_name(), how=why, exc_info=error)
+        if first and self._on_death is not None:
+            self._on_death()
 
     async def supervised(self, name: str, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
         failures = 0
