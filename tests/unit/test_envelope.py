@@ -41,6 +41,12 @@ def test_a_well_formed_review_has_no_problem() -> None:
         (review(object="a string"), "request.object"),
         (review(object={"metadata": []}), "request.object.metadata"),
         (review(oldObject=[1]), "request.oldObject"),
+        # Found by the fuzz (tests/reliability): kopf reads these and answered 500.
+        (review(resource={}), "request.resource.group"),
+        (review(resource={"group": "", "version": 1, "resource": "x"}), "request.resource.version"),
+        (review(operation=["CREATE"]), "request.operation"),
+        (review(subResource={}), "request.subResource"),
+        (review(object=None), "request.object and request.oldObject are both missing"),
     ],
 )
 def test_each_malformed_part_is_named(body: Any, field: str) -> None:

@@ -74,6 +74,12 @@ def envelope_problem(review: Any) -> str | None:
     for field in ("resource", "userInfo"):
         if not isinstance(inner.get(field), dict):
             return f"request.{field} is missing or not an object"
+    for part in ("group", "version", "resource"):
+        if not isinstance(inner["resource"].get(part), str):
+            return f"request.resource.{part} is missing or not a string"
+    for field in ("operation", "subResource"):
+        if inner.get(field) is not None and not isinstance(inner[field], str):
+            return f"request.{field} is not a string"
     if "dryRun" in inner and not isinstance(inner["dryRun"], bool | None):
         return "request.dryRun is not a boolean"
     for field in ("object", "oldObject"):
@@ -82,6 +88,8 @@ def envelope_problem(review: Any) -> str | None:
             return f"request.{field} is not an object"
         if isinstance(value, dict) and not isinstance(value.get("metadata", {}), dict):
             return f"request.{field}.metadata is not an object"
+    if inner.get("object") is None and inner.get("oldObject") is None:
+        return "request.object and request.oldObject are both missing"
     return None
 
 
