@@ -93,6 +93,7 @@ def _run(args: argparse.Namespace) -> int:
         "pod_scan_interval": args.pod_scan_interval,
         "max_devices_per_vmi": args.max_devices_per_vmi,
         "crash_at_write": args.crash_at_write,
+        "watch_timeout": args.watch_timeout,
         "health_host": args.health_host,
         "health_port": args.health_port,
         "webhook_mode": "dev" if args.dev else ("off" if args.no_webhooks else None),
@@ -132,6 +133,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--grace-period", type=float, help="attachment grace period, seconds (default 120)")
     run.add_argument("--sweep-interval", type=float, help="safety-net sweep period, seconds (default 60)")
     run.add_argument("--crash-at-write", type=int, help=argparse.SUPPRESS)  # tests/reliability only
+    run.add_argument("--watch-timeout", type=int, help=argparse.SUPPRESS)  # COZYGPU_WATCH_TIMEOUT; tests shorten it
     run.add_argument(
         "--max-devices-per-vmi", type=int, help="device references a VMI may list (default 64); more are refused"
     )

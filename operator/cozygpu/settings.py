@@ -56,6 +56,13 @@ class Settings(BaseModel):
         description="Device references a VMI may list (§3.2); a set must fit one node, and the largest GPU nodes "
         "hold 8-16 GPUs or some tens of vGPUs.",
     )
+    watch_timeout: int = Field(
+        default=240,
+        ge=1,
+        le=3600,
+        description="Seconds the API server holds each watch stream open; the operator then resumes it from the "
+        "last version it saw (410 Gone: lists anew).",
+    )
     crash_at_write: int = Field(
         default=0, ge=0, description="Tests only (tests/reliability): exit at once after the Nth API write lands."
     )

@@ -220,6 +220,7 @@ class ControlPlane:
             ],
         )
         self.wait_until("etcd", proc, lambda: requests.get(f"{url}/health", timeout=1).ok, deadline)
+        self.etcd_url = url
         return url
 
     def _start_apiserver(self, bin_dir: Path, etcd_url: str, deadline: float) -> None:
@@ -283,6 +284,28 @@ class ControlPlane:
         proc = self.spawn("kube-apiserver", self._apiserver_argv)
         kube = self.kube()
         self.wait_until("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, time.monotonic() + timeout)
+
+    def freeze_apiserver(self, seconds: float) -> None:
+        """Stop kube-apiserver (SIGSTOP) for `seconds`, then let it go on: connections stay open, nothing answers."""
+        [proc] = [p for name, p, _ in self._procs if name == "kube-apiserver"]
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            proc.send_signal(signal.SIGCONT)
+
+    def compact_etcd(self) -> int:
+        """Compact etcd up to its current revision (v3 HTTP gateway), as the API server does every five
+        minutes: a watch that resumes from an older version is answered 410 Gone. Returns the revision."""
+        key = base64.b64encode(b"/").decode()
+        head = requests.post(f"{self.etcd_url}/v3/kv/range", json={"key": key, "limit": 1}, timeout=10)
+        head.raise_for_status()
+        revision = int(head.json()["header"]["revision"])
+        done = requests.post(
+            f"{self.etcd_url}/v3/kv/compaction", json={"revision": revision, "physical": True}, timeout=30
+        )
+        done.raise_for_status()
+        return revision
 
     def _start_controller_manager(self, bin_dir: Path) -> None:
         """Owner-reference garbage collection and namespace deletion, as in a cluster."""

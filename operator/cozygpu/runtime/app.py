@@ -106,7 +106,9 @@ class Operator:
             self.metrics,
             synced=lambda: self.synced,
         )
-        self.informers = [Informer(self.view, self.kube, kind) for kind in kinds.WATCHED]
+        self.informers = [
+            Informer(self.view, self.kube, kind, timeout=settings.watch_timeout) for kind in kinds.WATCHED
+        ]
         self._resync = Resync(self.informers)
         self.pods = PodWatch(
             self.view,

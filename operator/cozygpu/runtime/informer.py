@@ -33,7 +33,7 @@ log = structlog.get_logger("cozygpu.watch")
 
 PAGE = 500
 BACKOFF = (0.5, 30.0)  # the first retry's delay and the cap, seconds
-WATCH_TIMEOUT = 240  # the server ends each stream after this long; resumed at once
+WATCH_TIMEOUT = 240  # the server ends each stream after this long; resumed at once (settings.watch_timeout)
 
 
 class Expired(Exception):
@@ -60,6 +60,7 @@ class Informer:
         field_selector: str = "",
         wanted: Callable[[dict[str, Any]], bool] | None = None,
         in_scope: Callable[[Any], bool] | None = None,
+        timeout: int = WATCH_TIMEOUT,
     ) -> None:
         """`wanted`: objects worth a look at all (others not even a Change, unless the view holds them);
         `in_scope`: which keys the view holds that this informer's selectors cover (all by default)."""
@@ -70,6 +71,7 @@ class Informer:
         self._fields = field_selector
         self._wanted = wanted
         self._in_scope = in_scope
+        self._timeout = timeout
         self._at = ""  # the version the watch resumes from; empty: list first
         self.failing: str | None = None  # what failed, until a list succeeds again (for /readyz)
 
@@ -145,7 +147,7 @@ class Informer:
     async def _follow(self) -> None:
         """One stream from the last version seen, until the server ends it."""
         async for event, body in self._kube.watch(
-            self.kind, self._at, label_selector=self._labels, field_selector=self._fields, timeout=WATCH_TIMEOUT
+            self.kind, self._at, label_selector=self._labels, field_selector=self._fields, timeout=self._timeout
         ):
             if event == "ERROR":
                 code = int(body.get("code") or 500)
