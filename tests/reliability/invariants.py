@@ -1,8 +1,10 @@
 """The invariants every reliability scenario checks, read from the API server (issue 12, §3-§7).
 
-One checker for all scenarios: no node holds more than it has, no attachment to a VMI that
-does not exist, no template device without its VMI, no bind request left unanswered. Called
-once the operator has had a grace period and a sweep to clear what a crash left.
+One checker for all scenarios: no node holds more than it has, no device given to two VMIs,
+no attachment to a VMI that does not exist, no template device without its VMI, no bind
+request left unanswered, no budget exceeded (scenarios set their budgets before any order),
+and the operator ready. Called once the operator has had a grace period and a sweep to clear
+what a crash left.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from cozygpu.api import kinds
+from cozygpu.api.names import template_device_name
+from cozygpu.decisions import references
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Kube
 from tests.helpers import stale
+from tests.reliability.soak import Record
 
 
 def over_allocated(kube: Kube) -> list[str]:
@@ -31,6 +37,59 @@ def over_allocated(kube: Kube) -> list[str]:
     ]
 
 
-def violations(kube: Kube, namespace: str) -> list[str]:
+def given_twice(kube: Kube, namespace: str) -> list[str]:
+    """Devices two VMIs name, and devices a VMI was admitted with that are attached to another."""
+    attached = {d["metadata"]["name"]: ((d.get("status") or {}).get("attachedTo") or {}).get("vmi")
+                for d in kube.list(kinds.GPU_DEVICE, namespace)}  # fmt: skip
+    named: dict[str, list[str]] = defaultdict(list)
+    for vmi in kube.list(kinds.VMI, namespace):
+        meta = vmi["metadata"]
+        if meta.get("deletionTimestamp"):
+            continue
+        try:
+            refs = references.parse(meta.get("annotations"), 10_000)
+        except references.ReferenceError:
+            continue
+        for i, ref in enumerate(refs):
+            device = ref.name if isinstance(ref, references.HeldRef) else template_device_name(meta["name"], i)
+            named[device].append(meta["name"])
+    found = [f"GPUDevice {d}: named by VMIs {', '.join(sorted(v))}" for d, v in sorted(named.items()) if len(v) > 1]
+    found += [
+        f"GPUDevice {d}: VMI {v[0]} runs with it, attached to {attached[d]}"
+        for d, v in sorted(named.items())
+        if d in attached and attached[d] != v[0]
+    ]
+    return found
+
+
+def over_budget(kube: Kube, namespace: str) -> list[str]:
+    """Budgets of the namespace (no selector) whose limits its devices, not being deleted, exceed."""
+    used: dict[str, int] = defaultdict(int)
+    for d in kube.list(kinds.GPU_DEVICE, namespace):
+        if not d["metadata"].get("deletionTimestamp"):
+            used[d["spec"]["className"]] += d["spec"].get("count", 1)
+    found = []
+    for b in kube.list(kinds.GPU_BUDGET, namespace):
+        spec = b.get("spec") or {}
+        for cls, limit in (spec.get("limits") or {}).items():
+            if used.get(cls, 0) > limit:
+                found.append(f"GPUBudget {b['metadata']['name']}: {used[cls]} units of {cls} in use, limit {limit}")
+        if spec.get("total") is not None and sum(used.values()) > spec["total"]:
+            found.append(f"GPUBudget {b['metadata']['name']}: {sum(used.values())} units in use, total {spec['total']}")
+    return found
+
+
+def violations(kube: Kube, namespace: str, operator: OperatorProcess | None = None) -> list[str]:
     """Every invariant broken now, in words; empty when all hold."""
-    return over_allocated(kube) + stale(kube, namespace)
+    found = over_allocated(kube) + given_twice(kube, namespace) + stale(kube, namespace) + over_budget(kube, namespace)
+    if operator is not None and not operator.ready():
+        found.append("the operator is not ready")
+    return found
+
+
+def settled(kube: Kube, namespace: str, operator: OperatorProcess, record: Record, when: str) -> None:
+    """Wait for every invariant to hold; what still fails after the wait is recorded as a violation."""
+    try:
+        wait_for(when, lambda: not violations(kube, namespace, operator), timeout=30)
+    except AssertionError:
+        record.violations += [f"{when}: {v}" for v in violations(kube, namespace, operator)]
