@@ -1,7 +1,7 @@
 """The invariants every reliability scenario checks, read from the API server (issue 12, §3-§7).
 
 One checker for all scenarios: no node holds more than it has, no device given to two VMIs,
-no attachment to a VMI that does not exist, no template device without its VMI, no bind
+no attachment (claimed or not) to a VMI that does not exist, no template device without its VMI, no bind
 request left unanswered, no budget exceeded (scenarios set their budgets before any order),
 and the operator ready. Called once the operator has had a grace period and a sweep to clear
 what a crash left.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from cozygpu.api import kinds
-from cozygpu.api.names import template_device_name
+from cozygpu.api.names import gpu_entry_name, template_device_name
 from cozygpu.decisions import references
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Kube
@@ -38,10 +38,12 @@ def over_allocated(kube: Kube) -> list[str]:
 
 
 def given_twice(kube: Kube, namespace: str) -> list[str]:
-    """Devices two VMIs name, and devices a VMI was admitted with that are attached to another."""
+    """Devices two VMIs were given, and devices a VMI was given that are attached to another. A VMI was given
+    the device of its entry i when it carries that entry's `gpus` (what our admission adds); one that went
+    through no admission (a --dev operator's webhooks gone with it) carries none and was given nothing."""
     attached = {d["metadata"]["name"]: ((d.get("status") or {}).get("attachedTo") or {}).get("vmi")
                 for d in kube.list(kinds.GPU_DEVICE, namespace)}  # fmt: skip
-    named: dict[str, list[str]] = defaultdict(list)
+    given: dict[str, list[str]] = defaultdict(list)
     for vmi in kube.list(kinds.VMI, namespace):
         meta = vmi["metadata"]
         if meta.get("deletionTimestamp"):
@@ -50,16 +52,31 @@ def given_twice(kube: Kube, namespace: str) -> list[str]:
             refs = references.parse(meta.get("annotations"), 10_000)
         except references.ReferenceError:
             continue
+        gpus = ((vmi.get("spec") or {}).get("domain") or {}).get("devices", {}).get("gpus") or []
+        entries = {g.get("name") for g in gpus if isinstance(g, dict)}
         for i, ref in enumerate(refs):
+            if gpu_entry_name(i, 0) not in entries:
+                continue
             device = ref.name if isinstance(ref, references.HeldRef) else template_device_name(meta["name"], i)
-            named[device].append(meta["name"])
-    found = [f"GPUDevice {d}: named by VMIs {', '.join(sorted(v))}" for d, v in sorted(named.items()) if len(v) > 1]
+            given[device].append(meta["name"])
+    found = [f"GPUDevice {d}: given to VMIs {', '.join(sorted(v))}" for d, v in sorted(given.items()) if len(v) > 1]
     found += [
-        f"GPUDevice {d}: VMI {v[0]} runs with it, attached to {attached[d]}"
-        for d, v in sorted(named.items())
-        if d in attached and attached[d] != v[0]
+        f"GPUDevice {d}: VMI {v[0]} was given it, attached to {attached.get(d)}"
+        for d, v in sorted(given.items())
+        if attached.get(d) != v[0]
     ]
     return found
+
+
+def orphaned(kube: Kube, namespace: str) -> list[str]:
+    """Attachments to a VMI that is not there, claimed or not: past the grace period and a sweep, none is left
+    (`stale` lets unclaimed ones be, as they are while an admission is under way)."""
+    vmis = {v["metadata"]["name"] for v in kube.list(kinds.VMI, namespace)}
+    return [
+        f"GPUDevice {d['metadata']['name']}: attached to {attached['vmi']}, which is not there"
+        for d in kube.list(kinds.GPU_DEVICE, namespace)
+        if (attached := (d.get("status") or {}).get("attachedTo")) and attached.get("vmi") not in vmis
+    ]
 
 
 def over_budget(kube: Kube, namespace: str) -> list[str]:
@@ -81,7 +98,8 @@ def over_budget(kube: Kube, namespace: str) -> list[str]:
 
 def violations(kube: Kube, namespace: str, operator: OperatorProcess | None = None) -> list[str]:
     """Every invariant broken now, in words; empty when all hold."""
-    found = over_allocated(kube) + given_twice(kube, namespace) + stale(kube, namespace) + over_budget(kube, namespace)
+    found = over_allocated(kube) + given_twice(kube, namespace) + stale(kube, namespace) + orphaned(kube, namespace)
+    found += over_budget(kube, namespace)
     if operator is not None and not operator.ready():
         found.append("the operator is not ready")
     return found

@@ -1,64 +1,153 @@
-"""Crash at every write (issue 12): the operator exits right after its Nth API write lands, for every N over an
-admission and what follows it; restarted, it leaves no invariant broken."""
+"""Crash at every write (issue 12 item 4): the operator exits right after its Nth API write lands, for every N
+over a scenario's admissions and what follows them; restarted, it leaves no invariant broken.
+
+Scenarios: a held and a template device admitted under a budget; a set the binder refuses, so
+the call undoes what it wrote; a held device gathered onto the node of the set; two VMIs
+admitted at once. `make soak` sweeps every scenario again and again (COZYGPU_SOAK_SWEEPS).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from cozygpu.api import kinds
+from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from cozygpu.runtime.writes import CRASHED
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.helpers import gpu_device_body, vmi_body
-from tests.reliability.invariants import violations
+from tests.reliability.invariants import settled
+from tests.reliability.soak import SOAK, TALLY, Budget
 
 QUICK = ("--grace-period", "2", "--sweep-interval", "2", "--bind-timeout", "5")
-# Writes an admission of a held and a template device causes, with the collector's and accountant's after it,
-# are well under this; the scenario ends at the first N the operator outlives.
-MAX_WRITES = 40
+# Writes a scenario's admissions cause, with the collector's and accountant's after them, are well under
+# this; a sweep ends at the first N the operator outlives.
+MAX_WRITES = 60
+SWEEPS = int(os.environ.get("COZYGPU_SOAK_SWEEPS", "60")) if SOAK else 1
 
 
-@pytest.mark.timeout(900)
-def test_a_crash_after_any_write_of_an_admission_leaves_nothing_broken(
-    operator_kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
+@dataclass
+class Scenario:
+    name: str
+    nodes: list[int]  # units per node
+    held: int  # held devices, each bound (in order) before any admission
+    vmis: Callable[[str], list[list[dict[str, Any]]]]  # the class -> each VMI's references, created at once
+
+
+SCENARIOS = [
+    Scenario("held and template under a budget", [2], 1,
+             lambda cls: [[{"device": "held-0"}, {"deviceTemplate": {"className": cls, "count": 1}}]]),
+    # Three units on one node: no node has them, so the binder refuses and the call undoes its writes.
+    Scenario("refused, undone", [2, 2], 1,
+             lambda cls: [[{"device": "held-0"}, {"deviceTemplate": {"className": cls, "count": 2}}]]),
+    # held-0 fills the one-unit node, held-1 goes to the other: the set of both is gathered there.
+    Scenario("gathered", [1, 2], 2, lambda cls: [[{"device": "held-0"}, {"device": "held-1"}]]),
+    Scenario("two admissions at once", [2, 2], 0,
+             lambda cls: [[{"deviceTemplate": {"className": cls, "count": 1}}]] * 2),
+]  # fmt: skip
+
+
+@pytest.mark.timeout(0)
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
+def test_a_crash_after_any_write_leaves_nothing_broken(
+    scenario: Scenario,
+    operator_kubeconfig: Path,
+    kube: Kube,
+    namespace: str,
+    gpu: Gpu,
+    gpu_node: GPUNodeFactory,
+    tmp_path: Path,
 ) -> None:
-    """For N = 1, 2, ...: a VMI with a held and a template device is created while the operator is set to exit
-    after its Nth write; the operator is started again; the invariants hold once a grace period and a sweep
-    have passed (the VMI is then deleted and everything released before the next N)."""
-    gpu_node({gpu.resource: 2})
-    kube.create(kinds.GPU_DEVICE, gpu_device_body("held", namespace, gpu.cls))
-    outlived = None
+    """For N = 1, 2, ...: the scenario's VMIs are created while the operator is set to exit after its Nth write;
+    the operator is started again; every invariant holds once a grace period and a sweep have passed (the VMIs
+    are then deleted and everything released before the next N)."""
+    record = TALLY[f"crash at every write: {scenario.name}"]
+    for i, units in enumerate(scenario.nodes):
+        gpu_node({gpu.resource: units}, name=f"crash-{i}-{gpu.cls}")
+    kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
+                                   "metadata": {"name": "cap", "namespace": namespace},
+                                   "spec": {"limits": {gpu.cls: sum(scenario.nodes)}}})  # fmt: skip
+    binder = start_admitting_operator(operator_kubeconfig, _dir(tmp_path, "held"), *QUICK)
+    try:
+        _hold(scenario, kube, namespace, gpu)
+    finally:
+        binder.stop()
+    budget = Budget(record_name := f"crash at every write: {scenario.name}")
+    sweeps, outlived = 0, []
+    while sweeps < SWEEPS and budget.left():
+        sweeps += 1
+        outlived.append(_sweep(scenario, sweeps, operator_kubeconfig, kube, namespace, gpu, tmp_path, record_name))
+    assert record.violations == [], "; ".join(record.violations)
+    assert all(n > 3 for n in outlived), f"fewer writes than there should be: outlived at {outlived}"
+
+
+def _sweep(scenario: Scenario, sweep: int, kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, tmp_path: Path,
+           record_name: str) -> int:  # fmt: skip
+    """One pass over N = 1, 2, ... until the operator outlives its Nth write; returns that N."""
+    record = TALLY[record_name]
     for n in range(1, MAX_WRITES + 1):
-        (tmp_path / f"crash-{n}").mkdir()
-        (tmp_path / f"after-{n}").mkdir()
-        crashing = OperatorProcess(operator_kubeconfig, tmp_path / f"crash-{n}" / "operator.log", "--dev", *QUICK,
-                                   "--crash-at-write", str(n))  # fmt: skip
+        crashing = OperatorProcess(kubeconfig, _dir(tmp_path, f"crash-{sweep}-{n}") / "operator.log", "--dev",
+                                   *QUICK, "--crash-at-write", str(n))  # fmt: skip
         try:
             crashing.start()
         except RuntimeError:  # the Nth write came before it was ready (a GPUNode status, say)
             assert crashing.proc is not None and crashing.proc.poll() == CRASHED, crashing.tail()
-        refs = [{"device": "held"}, {"deviceTemplate": {"className": gpu.cls, "count": 1}}]
-        with contextlib.suppress(ApiError):  # a crash inside the admission (or before): the API server fails closed
-            kube.create(kinds.VMI, vmi_body(f"vm{n}", namespace, refs))
+        names = [f"vm{sweep}-{n}-{i}" for i in range(len(scenario.vmis(gpu.cls)))]
+        threads = [threading.Thread(target=_create, args=(kube, namespace, name, refs))
+                   for name, refs in zip(names, scenario.vmis(gpu.cls), strict=True)]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
         try:
             wait_for("the injected crash", lambda p=crashing: p.proc is not None and p.proc.poll() is not None,
                      timeout=8)  # fmt: skip
         except AssertionError:
             crashing.stop()
-            outlived = n
-            break
+            return n
         assert crashing.proc is not None and crashing.proc.returncode == CRASHED, crashing.tail()
-        after = start_admitting_operator(operator_kubeconfig, tmp_path / f"after-{n}", *QUICK)
+        record.runs += 1
+        after = start_admitting_operator(kubeconfig, _dir(tmp_path, f"after-{sweep}-{n}"), *QUICK)
         try:
-            wait_for(f"no violation after a crash at write {n}", lambda: not violations(kube, namespace), timeout=30)
-            if kube.get_or_none(kinds.VMI, f"vm{n}", namespace) is not None:
-                kube.delete(kinds.VMI, f"vm{n}", namespace)
-            wait_for(f"everything of vm{n} released", lambda: not violations(kube, namespace), timeout=30)
+            settled(kube, namespace, after, record, f"{scenario.name}: a crash at write {n} (sweep {sweep})")
+            for name in names:
+                if kube.get_or_none(kinds.VMI, name, namespace) is not None:
+                    kube.delete(kinds.VMI, name, namespace)
+            settled(kube, namespace, after, record, f"{scenario.name}: write {n} (sweep {sweep}), VMIs deleted")
+            _hold(scenario, kube, namespace, gpu)  # each N starts where the first did (a gather moved one)
         finally:
             after.stop()
-    assert outlived is not None, f"the operator still crashed at write {MAX_WRITES}"
-    assert outlived > 3, "the admission made fewer writes than it should: the crash hook missed some"
+    raise AssertionError(f"the operator still crashed at write {MAX_WRITES}")
+
+
+def _hold(scenario: Scenario, kube: Kube, namespace: str, gpu: Gpu) -> None:
+    """The scenario's held devices made anew, one at a time, each Bound before the next (best fit puts them
+    where the scenario says)."""
+    for h in range(scenario.held):
+        if kube.get_or_none(kinds.GPU_DEVICE, f"held-{h}", namespace) is not None:
+            kube.delete(kinds.GPU_DEVICE, f"held-{h}", namespace)
+            wait_for(f"held-{h} gone", lambda h=h: kube.get_or_none(kinds.GPU_DEVICE, f"held-{h}", namespace) is None)
+    for h in range(scenario.held):
+        kube.create(kinds.GPU_DEVICE, gpu_device_body(f"held-{h}", namespace, gpu.cls))
+        wait_for(f"held-{h} Bound", lambda h=h: (kube.get(kinds.GPU_DEVICE, f"held-{h}", namespace)
+                 .get("status") or {}).get("phase") == "Bound")  # fmt: skip
+
+
+def _create(kube: Kube, namespace: str, name: str, refs: list[dict[str, Any]]) -> None:
+    with contextlib.suppress(ApiError):  # a crash inside the admission (or before): the API server fails closed
+        kube.create(kinds.VMI, vmi_body(name, namespace, refs))
+
+
+def _dir(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    return path
