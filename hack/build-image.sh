@@ -40,7 +40,8 @@ usable() {
 }
 if [ -n "${COZYGPU_IMAGE_BUILDER:-}" ]; then
   builder="$COZYGPU_IMAGE_BUILDER"
-  usable "$builder" || unavailable "COZYGPU_IMAGE_BUILDER=$builder is not usable here"
+  command -v "$builder" >/dev/null || unavailable "COZYGPU_IMAGE_BUILDER=$builder is not installed (Debian: apt-get install buildah mmdebstrap)"
+  usable "$builder" || unavailable "COZYGPU_IMAGE_BUILDER=$builder does not work here: \`$builder info\` fails"
 else
   builder=""
   for b in docker buildah podman; do
