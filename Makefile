@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv crds chart-policy kubevirt-crds kubevirt control-plane lint unit integration test soak demo dev-cluster bench clean
+.PHONY: venv crds chart-policy kubevirt-crds kubevirt control-plane image lint unit integration test soak demo dev-cluster bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ kubevirt-crds:
 CONTROL_PLANE_EXTRAS := kube-scheduler kube-controller-manager kubectl helm
 control-plane:
 	bash hack/build-control-plane.sh $(CONTROL_PLANE_EXTRAS)
+
+# The operator's image (hack/Dockerfile) with docker, buildah or podman, whichever works here; from
+# python:3.11-slim, or a Debian base made with mmdebstrap where no registry answers. Prints its name.
+image:
+	bash hack/build-image.sh
 
 lint: venv
 	$(BIN)/ruff check operator tests hack bench

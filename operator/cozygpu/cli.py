@@ -23,7 +23,7 @@ from types import FrameType
 import structlog
 from pydantic import ValidationError
 
-from cozygpu import logs
+from cozygpu import __version__, logs
 from cozygpu.api import crdgen
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
@@ -122,6 +122,8 @@ def _run(args: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cozygpu", description="GPUs for KubeVirt virtual machines.")
+    # The bare version, so the image's build and tests compare it with the chart's appVersion.
+    p.add_argument("--version", action="version", version=__version__)
     p.add_argument("--log-format", choices=["json", "console"], default=None)
     p.add_argument("--log-level", default=None)
     sub = p.add_subparsers(dest="command", required=True)

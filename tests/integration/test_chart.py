@@ -3,7 +3,7 @@
 helm is built from the Go module proxy like the control plane (`hack/build-control-plane.sh helm`). The
 chart's webhook configurations must be the ones the operator registers itself in --dev mode, its
 ClusterRole the one every integration test runs the operator with, and every object it renders must be
-accepted by the real API server. (The image, hack/Dockerfile, is not built here: no Docker engine.)
+accepted by the real API server. The image itself is built and run with the chart's settings in tests/image.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ so the kubeconfig format is handled in the adapter layer only.
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,3 +50,12 @@ def from_kubeconfig(path: Path) -> Connection:
         insecure=bool(cluster.get("insecure-skip-tls-verify", False)),
         namespace=context.get("namespace", "default"),
     )
+
+
+def in_cluster_server(environ: Mapping[str, str]) -> str | None:
+    """The API server as a pod reaches it: the address the kubelet puts in KUBERNETES_SERVICE_HOST and _PORT
+    (pykube's in-cluster client uses them too); None outside a pod."""
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"

@@ -12,7 +12,9 @@ wake the workers that subscribed. `startup` seeds the view with a resync
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import signal
 import socket
 from collections.abc import Callable, Coroutine
@@ -269,7 +271,10 @@ class Operator:
             info = kopf.login_with_service_account(**kopf_kwargs)
             if info is None:
                 raise kopf.LoginError("no kubeconfig given and no in-cluster service account found")
-            return info
+            # kopf dials kubernetes.default.svc, which needs cluster DNS (none with hostNetwork and no
+            # ClusterFirstWithHostNet); self.kube dials the kubelet's address. One API server for both.
+            server = credentials.in_cluster_server(os.environ)
+            return info if server is None else dataclasses.replace(info, server=server)
         conn = credentials.from_kubeconfig(self.settings.kubeconfig)
         return kopf.ConnectionInfo(
             server=conn.server,

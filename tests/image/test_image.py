@@ -1,0 +1,315 @@
+"""The operator's image (issue 13): built by hack/build-image.sh, run as the chart's Deployment runs it.
+
+Where no builder is present the tier skips with the build script's reason. The container gets exactly what
+`helm template` renders for the Deployment: the image's entrypoint with the chart's args, the chart's env (the
+downward API's fields filled in as a kubelet would), the webhook certificate Secret at its mount path, a tmpfs
+for the chart's /tmp emptyDir, and in-cluster credentials (token, CA, KUBERNETES_SERVICE_HOST/PORT) of the
+chart's ServiceAccount under the chart's ClusterRole and Role. It shares the host's network and reaches the dev
+cluster's API server on loopback. The API server calls its webhooks through the chart's own webhook
+configurations and CA bundle; with no kube-proxy here, their Service is an ExternalName for localhost and their
+port the container's (9443: the Service's 443 -> webhook is kube-proxy's part).
+
+buildah cannot make a container's root read-only, so where the chart sets readOnlyRootFilesystem the tier checks
+instead that the operator wrote nothing outside /tmp: the container's root filesystem before and after it ran.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import socket
+import ssl
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import yaml
+
+from cozygpu import __version__
+from cozygpu.api import kinds
+from cozygpu.devcluster import binaries
+from cozygpu.devcluster.bodies import vmi_body
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import wait_for
+from cozygpu.kube.adapter import ApiError, Kube
+from tests.conftest import Gpu, GPUNodeFactory
+from tests.helpers import gpu_device_body, held, refused
+from tests.image.container import Container, build, config, write_volume
+
+pytestmark = pytest.mark.image
+
+CHART = binaries.repo_root() / "charts" / "cozy-gpu-operator"
+# Not the dev identity's names: the chart's RBAC alone, bound to a ServiceAccount no other test widens.
+RELEASE = NAMESPACE = "cozy-gpu-image"
+POD = f"{RELEASE}-5d9c7b8f4-x2x7q"  # metadata.name of the Deployment's pod, for the downward API
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+WEBHOOKS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    [found] = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return found
+
+
+@dataclass
+class Deployed:
+    """The chart's rendered objects, the image's configuration and the container running it."""
+
+    image: str
+    image_config: dict[str, Any]
+    docs: list[dict[str, Any]]
+    container: Container
+    log: Path
+    version_output: str = ""
+    before: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        """The Deployment's container."""
+        [container] = one(self.docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+        return container  # type: ignore[no-any-return]
+
+    def port(self, name_or_number: str | int) -> int:
+        """A port as the chart names it (a probe's or the Service's targetPort), as a number."""
+        if isinstance(name_or_number, int):
+            return name_or_number
+        [port] = [p["containerPort"] for p in self.spec["ports"] if p["name"] == name_or_number]
+        return int(port)
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    return build()
+
+
+def render() -> list[dict[str, Any]]:
+    helm = binaries.find(("helm",)) / "helm"
+    out = subprocess.run([str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE],
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+def install(kube: Kube, docs: list[dict[str, Any]], webhook_port: int) -> None:
+    """The chart's namespace-side objects and RBAC, its webhook configurations routed to the container."""
+    kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    for kind in ("ServiceAccount", "Secret", "Role", "RoleBinding", "ClusterRoleBinding"):
+        kube.put_object(kinds.kind(kind), one(docs, kind))
+    kube.put_object(kinds.kind("ClusterRole"), one(docs, "ClusterRole", RELEASE))
+    service = copy.deepcopy(one(docs, "Service"))  # the tests read the chart's own Service and configurations
+    service["spec"] = {"type": "ExternalName", "externalName": "localhost"}
+    kube.put_object(kinds.kind("Service"), service)
+    for kind in WEBHOOKS:
+        configuration = copy.deepcopy(one(docs, kind))
+        for hook in configuration["webhooks"]:
+            hook["clientConfig"]["service"]["port"] = webhook_port
+        kube.put_object(kinds.kind(kind), configuration)
+
+
+def uninstall(kube: Kube) -> None:
+    for kind in WEBHOOKS:
+        kube.delete(kinds.kind(kind), RELEASE)
+    kube.delete(kinds.kind("ClusterRoleBinding"), RELEASE)
+    kube.delete(kinds.kind("ClusterRole"), RELEASE)
+    kube.delete(kinds.NAMESPACE, NAMESPACE)
+
+
+def environment(spec: dict[str, Any], plane: ControlPlane) -> dict[str, str]:
+    """The chart's env with the downward API resolved, and what a kubelet adds for in-cluster clients."""
+    fields = {"metadata.name": POD, "metadata.namespace": NAMESPACE}
+    env = {e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
+           for e in spec["env"]}  # fmt: skip
+    host, port = plane.server.removeprefix("https://").rsplit(":", 1)
+    return {**env, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
+
+
+@pytest.fixture(scope="module")
+def deployed(
+    image: str, control_plane: ControlPlane, kube: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Deployed]:
+    """The chart installed (webhooks to the container) and the image running with the Deployment's settings."""
+    docs = render()
+    [spec] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    ports = sorted(p["containerPort"] for p in spec["ports"])
+    if busy := [p for p in ports if port_in_use(p)]:
+        pytest.skip(f"port(s) {busy} in use on this host: the container shares the host's network")
+    webhook_port = next(p["containerPort"] for p in spec["ports"] if p["name"] == "webhook")
+    image_config = config(image)
+    where = tmp_path_factory.mktemp("image")
+    volumes = {m["name"]: m["mountPath"] for m in spec["volumeMounts"]}
+    assert set(volumes) == {"tls", "tmp"}, "a new volume in the chart: mount it here too"
+    install(kube, docs, webhook_port)
+    container: Container | None = None
+    try:
+        secret = one(docs, "Secret")["data"]
+        mounts = {
+            volumes["tls"]: write_volume(where / "tls", {k: base64.b64decode(v) for k, v in secret.items()}),
+            SA_DIR: write_volume(where / "serviceaccount", {
+                "token": kube.request_token(NAMESPACE, RELEASE).encode(),
+                "ca.crt": control_plane.ca.cert_pem,
+                "namespace": NAMESPACE.encode(),
+            }),
+        }  # fmt: skip
+        container = Container(image, mounts, environment(spec, control_plane))
+        deployed = Deployed(image, image_config, docs, container, where / "operator.log")
+        # First a short run with the same mounts, so their mount points exist before the snapshot.
+        answer = container.run([*image_config["Entrypoint"], "--version"])
+        assert answer.returncode == 0, answer.stderr
+        deployed.version_output = answer.stdout.strip()
+        deployed.before = container.snapshot()
+        command = spec.get("command") or image_config["Entrypoint"]
+        container.start([*command, *spec.get("args", image_config.get("Cmd") or [])], deployed.log)
+        ready = deployed.port(spec["readinessProbe"]["httpGet"]["port"])
+
+        def is_ready() -> bool:
+            assert deployed.container.running(), f"the operator exited:\n{deployed.tail()}"
+            try:
+                return requests.get(f"http://127.0.0.1:{ready}/readyz", timeout=2).status_code == 200
+            except requests.RequestException:
+                return False
+
+        wait_for("the operator in the image ready", is_ready, timeout=120)
+        yield deployed
+    finally:
+        if container is not None:
+            container.remove()
+        uninstall(kube)
+
+
+def gpunode_units(kube: Kube, node: str) -> int:
+    body = kube.get_or_none(kinds.GPU_NODE, node) or {}
+    return sum(r.get("allocatable", 0) for r in body.get("status", {}).get("resources", []))
+
+
+# -- the image as built --------------------------------------------------------------------------
+
+
+def test_version_inside_the_image_is_the_charts_app_version(deployed: Deployed) -> None:
+    """`cozygpu --version` in the image, its OCI version label and Chart.yaml's appVersion are one version."""
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    assert deployed.version_output == app_version == __version__
+    assert deployed.image_config["Labels"]["org.opencontainers.image.version"] == app_version
+    assert deployed.image.endswith(f":{app_version}")
+
+
+def test_the_image_user_is_numeric_and_not_root(deployed: Deployed) -> None:
+    """runAsNonRoot can verify the image's user only if it is numeric; the operator runs as that user."""
+    user, _, group = deployed.image_config["User"].partition(":")
+    assert user.isdigit() and int(user) != 0, deployed.image_config["User"]
+    assert group.isdigit() and int(group) != 0
+    assert deployed.spec["securityContext"].get("runAsUser") is None  # the image's user is the one that runs
+    processes = deployed.container.processes()
+    assert processes and {p["uid"] for p in processes} == {int(user)}
+
+
+def test_the_image_holds_the_operator_and_nothing_to_build_it(deployed: Deployed) -> None:
+    """No source tree, wheels, pip or build venv: only the operator's venv with its dependencies."""
+    answer = deployed.container.run(["/opt/cozygpu/bin/python", "-c", "import importlib.util as u, os; print("
+                                     "[p for p in ('/src', '/wheels', '/build') if os.path.exists(p)],"
+                                     "[m for m in ('pip', 'setuptools', 'wheel') if u.find_spec(m)])"])  # fmt: skip
+    assert answer.returncode == 0, answer.stderr
+    assert answer.stdout.strip() == "[] []"
+
+
+# -- the chart's Pod spec against the process ----------------------------------------------------
+
+
+def test_the_probes_answer_on_the_port_the_chart_names(deployed: Deployed) -> None:
+    """readinessProbe and livenessProbe: 200 on the container port they name."""
+    for probe in ("readinessProbe", "livenessProbe"):
+        get = deployed.spec[probe]["httpGet"]
+        answer = requests.get(f"http://127.0.0.1:{deployed.port(get['port'])}{get['path']}", timeout=5)
+        assert answer.status_code == 200, (probe, answer.text)
+
+
+def test_metrics_are_served_on_the_services_http_port(deployed: Deployed) -> None:
+    """The Service's http port leads to /metrics with the operator's cozygpu_ series."""
+    [http] = [p for p in one(deployed.docs, "Service")["spec"]["ports"] if p["name"] == "http"]
+    answer = requests.get(f"http://127.0.0.1:{deployed.port(http['targetPort'])}/metrics", timeout=5)
+    assert answer.status_code == 200
+    assert any(line.startswith("cozygpu_") for line in answer.text.splitlines()), answer.text[:2000]
+
+
+def test_the_services_webhook_port_serves_the_charts_certificate(deployed: Deployed) -> None:
+    """TLS on the Service's webhook targetPort, verified with the chart's CA for the Service's DNS name."""
+    [hook] = [p for p in one(deployed.docs, "Service")["spec"]["ports"] if p["name"] == "webhook"]
+    ca = base64.b64decode(one(deployed.docs, "Secret")["data"]["ca.crt"]).decode()
+    context = ssl.create_default_context(cadata=ca)
+    raw = socket.create_connection(("127.0.0.1", deployed.port(hook["targetPort"])), timeout=10)
+    with context.wrap_socket(raw, server_hostname=f"{RELEASE}.{NAMESPACE}.svc") as tls:
+        assert tls.version()
+
+
+# -- the operator's work, through the API server -------------------------------------------------
+
+
+def test_a_held_device_is_bound_to_a_node(
+    deployed: Deployed, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """The binder in the image accounts the node and binds a held GPUDevice to it."""
+    node = gpu_node({gpu.resource: 2})["metadata"]["name"]
+    wait_for(f"GPUNode {node} accounted", lambda: gpunode_units(kube, node) == 2)
+    status = held(kube, namespace, "h1", gpu.cls)["status"]
+    assert (status["phase"], status["nodeName"]) == ("Bound", node)
+
+
+def test_a_vmi_is_admitted_and_pinned_by_the_webhook_in_the_image(
+    deployed: Deployed, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """The API server calls the image's VMI webhook: the VMI gets its gpus and is pinned to the device's node."""
+    node = gpu_node({gpu.resource: 1})["metadata"]["name"]
+    wait_for(f"GPUNode {node} accounted", lambda: gpunode_units(kube, node) == 1)
+    held(kube, namespace, "h1", gpu.cls)
+    stored = kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h1"}]))
+    assert stored["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpudev0-0", "deviceName": gpu.resource}]
+    [term] = stored["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": [node]}]
+    status = kube.get(kinds.GPU_DEVICE, "h1", namespace)["status"]
+    assert (status["attachedTo"]["vmi"], status["bindRequest"]["result"]) == ("vm", "Succeeded")
+
+
+def test_a_vmi_naming_a_missing_device_is_refused(deployed: Deployed, kube: Kube, namespace: str) -> None:
+    """The image's VMI webhook denies a VMI whose device does not exist, naming it."""
+    message = refused(kube, vmi_body("vm", namespace, [{"device": "missing"}]))
+    assert "GPUDevice missing does not exist" in message
+
+
+def test_a_device_of_a_missing_class_is_refused(deployed: Deployed, kube: Kube, namespace: str) -> None:
+    """The image's GPUDevice validating webhook, through the chart's configuration, denies an unknown class."""
+    name = f"no-such-class-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(ApiError) as raised:
+        kube.create(kinds.GPU_DEVICE, gpu_device_body("d", namespace, name))
+    assert f"GPUClass {name} does not exist" in raised.value.message
+
+
+# -- last: stops the operator ----------------------------------------------------------------------
+
+
+def test_the_operator_writes_nothing_outside_tmp_and_stops_on_sigterm(deployed: Deployed) -> None:
+    """readOnlyRootFilesystem with /tmp writable suffices: after all the above, the root is as it was; SIGTERM
+    (a kubelet's stop) ends the process cleanly."""
+    assert deployed.container.stop() == 0, deployed.tail()
+    after = deployed.container.snapshot()
+    changed = sorted(p for p in set(deployed.before) | set(after) if deployed.before.get(p) != after.get(p))
+    # buildah itself makes and removes /run/.containerenv's mount point on every run: /run's own mtime moves.
+    assert [p for p in changed if p != "run"] == []
+    assert after["run"][:3] == deployed.before["run"][:3]
