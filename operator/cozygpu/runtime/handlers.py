@@ -9,12 +9,12 @@ finalizers on anything and keeps no per-object state.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
 from cozygpu.api.names import GROUP, KUBEVIRT_GROUP, KUBEVIRT_VERSION, VERSION
-from cozygpu.runtime import webhooks
+from cozygpu.runtime import leadership, webhooks
 from cozygpu.runtime.app import Operator
 from cozygpu.settings import Settings
 
@@ -24,7 +24,8 @@ async def run(settings: Settings, stop_flag: asyncio.Event | None = None) -> Non
     operator = Operator(settings)
     registry = kopf.OperatorRegistry()
     register(registry, operator)
-    await kopf.operator(registry=registry, clusterwide=True, standalone=True, stop_flag=stop_flag)
+    await kopf.operator(registry=registry, clusterwide=True, standalone=True, stop_flag=stop_flag,
+                        identity=cast(Any, leadership.replica(settings)))  # fmt: skip
 
 
 def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:

@@ -31,12 +31,18 @@ LEASE = kinds.kind("Lease")
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
+def replica(settings: Settings) -> str:
+    """This replica's name: in the Lease, and to kopf (which would otherwise ask the OS for a user name,
+    and fail for a uid /etc/passwd does not know, as a cluster's random runAsUser is)."""
+    return settings.identity or socket.gethostname()
+
+
 def for_settings(settings: Settings, kube: AsyncKube, *, on_lost: Callable[[], None]) -> Leadership | None:
     """The replica's Leadership, or None when leader election is off."""
     if not settings.leader_election:
         return None
     return Leadership(kube, namespace=lease_namespace(settings), name=settings.lease_name,
-                      identity=settings.identity or socket.gethostname(), duration=settings.lease_duration,
+                      identity=replica(settings), duration=settings.lease_duration,
                       on_lost=on_lost)  # fmt: skip
 
 
