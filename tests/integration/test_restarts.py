@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import requests
 from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, answer_of, logged, template_device, wait_for, write_request
 from cozygpu.kube.adapter import Kube
-from tests.conftest import GPUNodeFactory
+from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_class_body
 
 pytestmark = pytest.mark.integration
@@ -54,3 +55,24 @@ def test_readiness_waits_for_the_view_and_health_answers(operator_kubeconfig: Pa
     finally:
         operator.stop()
     assert operator.events("operator.stopped")
+
+
+def test_sigterm_stops_the_whole_operator_cleanly_without_a_traceback(
+    operator_kubeconfig: Path, kube: Kube, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
+) -> None:
+    """Issue 13 item 5: SIGTERM to an operator with every watch, worker and webhook running ends it with status
+    0 and `operator.stopped`, and nothing in its output is a traceback, a warning or an error (kopf's watch
+    once logged "generator didn't stop after athrow()" on every stop)."""
+    node = gpu_node({gpu.resource: 1})["metadata"]["name"]
+    operator = OperatorProcess(operator_kubeconfig, tmp_path / "operator.log", "--dev").start()
+    assert operator.proc is not None
+    proc = operator.proc
+    wait_for("the node accounted", lambda: kube.get_or_none(kinds.GPU_NODE, node))
+    operator.stop()
+    assert proc.returncode == 0
+    assert operator.events("operator.stopped")
+    output = operator.log_path.read_text()
+    assert "Traceback" not in output and "athrow" not in output
+    lines = [json.loads(line) for line in output.splitlines() if line.startswith("{")]
+    assert [e for e in lines if e.get("level") in ("warning", "error", "critical")] == []
+    assert all(line.startswith("{") for line in output.splitlines() if line.strip()), "output not from structlog"
