@@ -3,8 +3,10 @@
 On a local control plane: `--nodes` fake GPU nodes and `--devices` held GPUDevices, Bound
 by the operator itself (as in a running cloud). Then the operator is started again from
 nothing and measured: seconds from start to ready (/readyz, the view synced), its resident
-memory once ready and after its first resync, and how long that resync took (its own
-`view.resynced` log event). Prints each figure beside its §13.3 budget; asserts nothing.
+memory once ready and after its first resync, its peak (VmHWM), and how long that resync took
+(its own `view.resynced` log event). Prints each figure beside its §13.3 budget; asserts nothing.
+With `--sizes`, each size on a fresh control plane, then the table nodes x devices -> memory
+that the chart's resources are sized from (docs/operating.md, "Sizing").
 Run: `make bench` (or `python bench/scale.py --nodes 500 --devices 5000`); loopback only.
 """
 
@@ -29,9 +31,10 @@ NAMESPACES = 100
 T = TypeVar("T")
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident memory now (VmRSS) or at its peak so far (VmHWM), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -44,10 +47,23 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", type=int, default=5000)
     p.add_argument("--devices", type=int, default=50000)
+    p.add_argument("--sizes", default="", help="NODES:DEVICES,...: each measured, then the sizing table")
     p.add_argument("--timeout", type=float, default=1800.0)
     args = p.parse_args()
-    if args.devices > args.nodes * UNITS:
-        p.error(f"{args.devices} devices do not fit {args.nodes} nodes of {UNITS} units")
+    sizes = [tuple(int(x) for x in s.split(":")) for s in args.sizes.split(",") if s] or [(args.nodes, args.devices)]
+    for n, d in sizes:
+        if d > n * UNITS:
+            p.error(f"{d} devices do not fit {n} nodes of {UNITS} units")
+    rows = [measure(n, d, args.timeout) for n, d in sizes]
+    if len(rows) > 1:
+        print(f"\n{'nodes':>8}{'devices':>10}{'ready MiB':>12}{'resynced MiB':>14}{'peak MiB':>10}{'ready s':>9}")
+        for row in rows:
+            print(f"{row[0]:>8}{row[1]:>10}{row[2]:>12.0f}{row[3]:>14.0f}{row[4]:>10.0f}{row[5]:>9.1f}")
+
+
+def measure(nodes_: int, devices: int, timeout: float) -> tuple[int, int, float, float, float, float]:
+    """One size on a fresh control plane; (nodes, devices, MiB ready, MiB after a resync, peak MiB, s to ready)."""
+    args = argparse.Namespace(nodes=nodes_, devices=devices, timeout=timeout)
     with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
         kube = plane.kube()
         kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "gpu"},
@@ -80,13 +96,16 @@ def main() -> None:
         at_ready = rss_mib(cold.proc.pid)
         resyncs = wait_for("the first periodic resync", lambda: cold.events("view.resynced")[1:], timeout=120)
         after = rss_mib(cold.proc.pid)
+        peak = rss_mib(cold.proc.pid, "VmHWM")
         cold.stop()
     print(f"{'at ' + str(args.nodes) + ' nodes, ' + str(args.devices) + ' devices':<40}{'measured':>12}{'budget':>10}")
     print(f"{'cold start to ready (s)':<40}{ready:>12.1f}{30:>10}")
     print(f"{'resident memory once ready (MiB)':<40}{at_ready:>12.0f}{400:>10}")
     print(f"{'resident memory after a resync (MiB)':<40}{after:>12.0f}{400:>10}")
+    print(f"{'peak resident memory (MiB)':<40}{peak:>12.0f}{'':>10}")
     print(f"{'a resync of every kind (s)':<40}{resyncs[0]['duration_ms'] / 1000:>12.1f}{'':>10}")
     print(f"  that resync: {resyncs[0].get('unchanged')} objects unchanged, {resyncs[0]['forgotten']} forgotten")
+    return nodes_, devices, at_ready, after, peak, ready
 
 
 if __name__ == "__main__":

@@ -7,14 +7,18 @@ kube-scheduler and a fake kubelet (§11.1); two fake GPU nodes and `cozygpu run 
 the binder places them. With KubeVirt: a VM naming two held devices and a template
 entry starts on one node, stops, and starts again on the same GPUs; a VM asking for a
 taken device shows the refusal on its status. Without KubeVirt the same story is told
-with VMIs created directly, and the demo says so. Everything stops at the end.
+with VMIs created directly, and the demo says so. Everything stops at the end, unless
+DEMO_KEEP=1 (`make demo DEMO_KEEP=1`) keeps it running until Ctrl-C; the logs and the
+kubeconfig stay in .dev/demo/ for a second look either way.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import signal
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +32,8 @@ from cozygpu.kube.adapter import ApiError, Kube
 
 A10 = "nvidia.com/GA102GL_A10"
 NS = "tenant-demo"
+# What a second look needs, kept after the demo: the operator's log, the control plane's logs, kubeconfigs.
+HERE = Path(".dev/demo").resolve()
 
 
 def say(text: str) -> None:
@@ -138,23 +144,25 @@ def vmi_story(kube: Kube) -> None:
 
 def control_plane() -> ControlPlane:
     """Started, with KubeVirt in the loop where it can be had; without, saying why."""
-    plane = ControlPlane(kubevirt=True)
+    plane = ControlPlane(kubevirt=True, workdir=HERE / "control-plane")
     try:
         plane.start(timeout=180)
         return plane
     except binaries.KubeVirtUnavailable as e:
         print(f"{e}\nthe demo goes on with VMIs created directly, without KubeVirt's controllers", flush=True)
-    plane = ControlPlane()
+    shutil.rmtree(HERE / "control-plane", ignore_errors=True)
+    plane = ControlPlane(workdir=HERE / "control-plane")
     plane.start()
     return plane
 
 
 def main() -> int:
     say("starting etcd and kube-apiserver on loopback (and KubeVirt's controllers, where they can be had)")
+    shutil.rmtree(HERE, ignore_errors=True)  # the last demo's logs and data
     plane = control_plane()
-    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+    with contextlib.ExitStack() as stack:
         stack.callback(plane.stop)
-        kubeconfig = plane.write_kubeconfig(Path(".dev/demo-kubeconfig").resolve())
+        kubeconfig = plane.write_kubeconfig(HERE / "kubeconfig")
         kube = plane.kube()
         with_kubevirt = plane.kubevirt is not None
         print(f"API server {plane.server}; kubeconfig {kubeconfig}")
@@ -177,8 +185,8 @@ def main() -> int:
         kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
 
         say("starting the operator (cozygpu run --dev) as its ServiceAccount, with the chart's RBAC only")
-        operator_config = identity.write_kubeconfig(plane, Path(tmp) / "operator-kubeconfig")
-        operator = OperatorProcess(operator_config, Path(tmp) / "operator.log", "--dev").start()
+        operator_config = identity.write_kubeconfig(plane, HERE / "operator")
+        operator = OperatorProcess(operator_config, HERE / "operator.log", "--dev").start()
         try:
             print(f"ready: http://127.0.0.1:{operator.port}/readyz")
 
@@ -211,11 +219,29 @@ def main() -> int:
             for event in operator.events("vmi.admitted") + operator.events("vmi.refused"):
                 print(f"{event['event']} vmi={event['vmi']} {event.get('node') or event.get('reason')}"
                       f" in {event['duration_ms']} ms")  # fmt: skip
+            if os.environ.get("DEMO_KEEP") == "1":
+                keep(kubeconfig, operator.log_path)
         finally:
             operator.stop()
         say("stopping the operator and the control plane")
+    second_look()
     print("done")
     return 0
+
+
+def keep(kubeconfig: Path, log: Path) -> None:
+    say("kept running until Ctrl-C: look around with any kubectl")
+    print(f"kubectl --kubeconfig {kubeconfig} get gpudevices,gpunodes -A")
+    print(f"tail -f {log}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        signal.pause()
+
+
+def second_look() -> None:
+    rel = HERE.relative_to(Path.cwd()) if HERE.is_relative_to(Path.cwd()) else HERE
+    print(f"for a second look: the operator's log {rel}/operator.log (JSON lines), the control plane's logs "
+          f"{rel}/control-plane/*.log, its kubeconfig {rel}/kubeconfig (stopped now; `make demo DEMO_KEEP=1` keeps "
+          "it running until Ctrl-C)")  # fmt: skip
 
 
 if __name__ == "__main__":

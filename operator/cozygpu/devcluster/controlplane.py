@@ -95,10 +95,12 @@ class ControlPlane:
         self.kubevirt: KubeVirt | None = None
         self._own_workdir = workdir is None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="cozygpu-cp-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self._verbose = verbose
         self._procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
         self.ca = tls.Authority("cozy-dev control plane CA")
         self.server = ""
+        self.etcd_url = ""
         self.kubeconfig_path = self.workdir / "kubeconfig"
 
     # -- lifecycle ---------------------------------------------------------
