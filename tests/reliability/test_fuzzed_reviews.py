@@ -109,6 +109,7 @@ def _judge(base: str, ca: str, hook: str, body: Any, record: str) -> None:
         assert response["uid"] == body["request"]["uid"] and isinstance(response["allowed"], bool)
 
 
+@pytest.mark.timeout(0)  # the soak's 50,000 examples take longer than the default 300 s
 @FUZZ
 @given(hook=st.sampled_from(sorted(HOOK_KINDS)), path=st.sampled_from(FIELDS), value=JSON)
 def test_a_review_spoilt_anywhere_is_answered_200_or_400_never_500(
@@ -126,6 +127,7 @@ REF = st.fixed_dictionaries({}, optional={
 ANNOTATION = st.text(max_size=60) | st.builds(json.dumps, JSON) | st.builds(json.dumps, st.lists(REF, max_size=70))
 
 
+@pytest.mark.timeout(0)
 @FUZZ
 @given(annotation=ANNOTATION, dry_run=st.booleans())
 def test_any_device_annotation_is_refused_or_admitted_never_a_500(
