@@ -81,14 +81,16 @@ debian_base() {
   ref="localhost/cozy-gpu-operator-base:$SUITE-$key"
   if has_image "$ref"; then echo "$ref"; return; fi
   tarball="$CACHE_ROOT/image-base/$SUITE-$key.tar"
-  if [ ! -s "$tarball" ]; then
+  [ -d "$tarball" ] && rm -rf "$tarball"  # an older script left a directory here
+  if [ ! -f "$tarball" ] || [ ! -s "$tarball" ]; then
     mkdir -p "$(dirname "$tarball")"
     say "making a $SUITE base with mmdebstrap ($PACKAGES) into $tarball"
     # No docs, man pages or locales: an operator reads none of them.
-    mmdebstrap --variant=minbase --include="$PACKAGES" \
+    # --format: the output's name does not end in .tar, and mmdebstrap would make a directory of it.
+    mmdebstrap --variant=minbase --format=tar --include="$PACKAGES" \
       --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
       --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-      "$SUITE" "$tarball.tmp" >&2 || { rm -f "$tarball.tmp"; unavailable "mmdebstrap could not make a $SUITE base"; }
+      "$SUITE" "$tarball.tmp" >&2 || { rm -rf "$tarball.tmp"; unavailable "mmdebstrap could not make a $SUITE base"; }
     mv "$tarball.tmp" "$tarball"
   fi
   case "$builder" in

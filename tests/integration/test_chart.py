@@ -219,3 +219,28 @@ def test_the_operator_serves_the_charts_certificate_in_cluster_mode(
         assert "GPUClass no-such-class does not exist" in answer["status"]["message"]
     finally:
         operator.stop()
+
+
+def _sizing_table() -> list[dict[str, float]]:
+    """docs/operating.md's Sizing table, as measured by bench/scale.py."""
+    doc = (binaries.repo_root() / "docs" / "operating.md").read_text()
+    section = doc.split("## Sizing", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+    header, *body = [[cell.strip() for cell in row] for row in rows]
+    return [{h: float(v) for h, v in zip(header, row, strict=True)} for row in body]
+
+
+def _mib(quantity: str) -> int:
+    assert quantity.endswith("Mi"), quantity
+    return int(quantity[:-2])
+
+
+def test_the_default_resources_fit_the_largest_measured_cloud(helm: Path) -> None:
+    """Issue 13 item 3: the Deployment's memory request is what the operator holds after a resync at the largest
+    size the docs measured (rounded up to 32 MiB), and its limit twice the peak there (rounded up to 64 MiB)."""
+    largest = max(_sizing_table(), key=lambda row: row["devices"])
+    [container] = one(render(helm), "Deployment")["spec"]["template"]["spec"]["containers"]
+    resources = container["resources"]
+    assert _mib(resources["requests"]["memory"]) == -(-largest["after a resync (MiB)"] // 32) * 32
+    assert _mib(resources["limits"]["memory"]) == -(-2 * largest["peak (MiB)"] // 64) * 64
+    assert largest["devices"] >= 50_000 and largest["nodes"] >= 5_000  # the size §13.3 promises

@@ -69,13 +69,15 @@ def given_twice(kube: Kube, namespace: str) -> list[str]:
 
 
 def orphaned(kube: Kube, namespace: str) -> list[str]:
-    """Attachments to a VMI that is not there, claimed or not: past the grace period and a sweep, none is left
-    (`stale` lets unclaimed ones be, as they are while an admission is under way)."""
+    """Unclaimed attachments (no uid) to a VMI that is not there: `stale` lets them be, as they are while an
+    admission is under way, but past the grace period and a sweep none is left. (Claimed ones `stale` names.)"""
     vmis = {v["metadata"]["name"] for v in kube.list(kinds.VMI, namespace)}
     return [
         f"GPUDevice {d['metadata']['name']}: attached to {attached['vmi']}, which is not there"
         for d in kube.list(kinds.GPU_DEVICE, namespace)
-        if (attached := (d.get("status") or {}).get("attachedTo")) and attached.get("vmi") not in vmis
+        if (attached := (d.get("status") or {}).get("attachedTo"))
+        and not attached.get("uid")
+        and attached.get("vmi") not in vmis
     ]
 
 

@@ -1,9 +1,10 @@
 """Crash at every write (issue 12 item 4): the operator exits right after its Nth API write lands, for every N
 over a scenario's admissions and what follows them; restarted, it leaves no invariant broken.
 
-Scenarios: a held and a template device admitted under a budget; a set the binder refuses, so
-the call undoes what it wrote; a held device gathered onto the node of the set; two VMIs
-admitted at once. `make soak` sweeps every scenario again and again (COZYGPU_SOAK_SWEEPS).
+Scenarios: a held and a template device admitted; a set the binder refuses, so the call
+undoes what it wrote; a held device gathered onto the node of the set; two VMIs admitted at
+once under a budget that has room for one; two creates of the same VMI name at once.
+`make soak` sweeps every scenario again and again (COZYGPU_SOAK_SWEEPS).
 """
 
 from __future__ import annotations
@@ -41,18 +42,24 @@ class Scenario:
     nodes: list[int]  # units per node
     held: int  # held devices, each bound (in order) before any admission
     vmis: Callable[[str], list[list[dict[str, Any]]]]  # the class -> each VMI's references, created at once
+    budget: int | None = None  # units the namespace's budget allows; None: all the nodes have
+    same_name: bool = False  # every VMI of the scenario under one name
 
 
 SCENARIOS = [
-    Scenario("held and template under a budget", [2], 1,
+    Scenario("held and template", [2], 1,
              lambda cls: [[{"device": "held-0"}, {"deviceTemplate": {"className": cls, "count": 1}}]]),
     # Three units on one node: no node has them, so the binder refuses and the call undoes its writes.
     Scenario("refused, undone", [2, 2], 1,
              lambda cls: [[{"device": "held-0"}, {"deviceTemplate": {"className": cls, "count": 2}}]]),
     # held-0 fills the one-unit node, held-1 goes to the other: the set of both is gathered there.
     Scenario("gathered", [1, 2], 2, lambda cls: [[{"device": "held-0"}, {"device": "held-1"}]]),
-    Scenario("two admissions at once", [2, 2], 0,
-             lambda cls: [[{"deviceTemplate": {"className": cls, "count": 1}}]] * 2),
+    # Room in the budget for one: the other is refused, whichever order the two are decided in.
+    Scenario("two admissions at once under a budget", [2, 2], 0,
+             lambda cls: [[{"deviceTemplate": {"className": cls, "count": 1}}]] * 2, budget=1),
+    # One name: one create is stored, the other's undo must leave what the winner runs with (item 7).
+    Scenario("one VMI name created twice at once", [2], 0,
+             lambda cls: [[{"deviceTemplate": {"className": cls, "count": 1}}]] * 2, same_name=True),
 ]  # fmt: skip
 
 
@@ -75,7 +82,7 @@ def test_a_crash_after_any_write_leaves_nothing_broken(
         gpu_node({gpu.resource: units}, name=f"crash-{i}-{gpu.cls}")
     kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
                                    "metadata": {"name": "cap", "namespace": namespace},
-                                   "spec": {"limits": {gpu.cls: sum(scenario.nodes)}}})  # fmt: skip
+                                   "spec": {"limits": {gpu.cls: scenario.budget or sum(scenario.nodes)}}})  # fmt: skip
     binder = start_admitting_operator(operator_kubeconfig, _dir(tmp_path, "held"), *QUICK)
     try:
         _hold(scenario, kube, namespace, gpu)
@@ -101,7 +108,7 @@ def _sweep(scenario: Scenario, sweep: int, kubeconfig: Path, kube: Kube, namespa
             crashing.start()
         except RuntimeError:  # the Nth write came before it was ready (a GPUNode status, say)
             assert crashing.proc is not None and crashing.proc.poll() == CRASHED, crashing.tail()
-        names = [f"vm{sweep}-{n}-{i}" for i in range(len(scenario.vmis(gpu.cls)))]
+        names = [f"vm{sweep}-{n}-{0 if scenario.same_name else i}" for i in range(len(scenario.vmis(gpu.cls)))]
         threads = [threading.Thread(target=_create, args=(kube, namespace, name, refs))
                    for name, refs in zip(names, scenario.vmis(gpu.cls), strict=True)]  # fmt: skip
         for t in threads:
@@ -119,7 +126,7 @@ def _sweep(scenario: Scenario, sweep: int, kubeconfig: Path, kube: Kube, namespa
         after = start_admitting_operator(kubeconfig, _dir(tmp_path, f"after-{sweep}-{n}"), *QUICK)
         try:
             settled(kube, namespace, after, record, f"{scenario.name}: a crash at write {n} (sweep {sweep})")
-            for name in names:
+            for name in sorted(set(names)):
                 if kube.get_or_none(kinds.VMI, name, namespace) is not None:
                     kube.delete(kinds.VMI, name, namespace)
             settled(kube, namespace, after, record, f"{scenario.name}: write {n} (sweep {sweep}), VMIs deleted")

@@ -42,14 +42,19 @@ def test_a_worker_that_fails_is_started_again_and_says_so_meanwhile(monkeypatch:
     assert seen == [{"accountant": "the API server went away"}, {}]
 
 
-def test_a_task_that_dies_is_reported_dead_and_ends_the_process_once() -> None:
-    """A task started without restarts that raises, or a worker that returns, has died: `dead` names it and
-    how, and `on_death` is called once. A cancelled task or a supervised failure is not a death."""
+def test_a_task_that_dies_is_reported_dead_and_ends_the_process_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A task started without restarts that raises has died: `dead` names it and what it raised, and `on_death`
+    is called once. A cancelled task, one that returned (leadership after a lost Lease) and a supervised
+    worker that keeps failing are not deaths."""
+    monkeypatch.setattr(supervision, "BACKOFF", (0.01, 0.01))
     deaths: list[str] = []
     supervisor = Supervisor(on_death=lambda: deaths.append("ended"))
 
     async def crashing() -> None:
         raise RuntimeError("renewal bug")
+
+    async def silent() -> None:
+        raise ConnectionError()
 
     async def returning() -> None:
         return None
@@ -59,17 +64,21 @@ def test_a_task_that_dies_is_reported_dead_and_ends_the_process_once() -> None:
 
     async def scenario() -> None:
         cancelled = supervisor.start("accountant", forever)
-        await asyncio.sleep(0.01)
+        failing = supervisor.start("collector", crashing)  # supervised: restarted, again and again
+        returned = supervisor.start("leadership", returning, restart=False)
+        await asyncio.sleep(0.1)
         cancelled.cancel()
-        await asyncio.gather(cancelled, return_exceptions=True)
+        await asyncio.gather(cancelled, returned, return_exceptions=True)
         assert supervisor.dead() == {} and deaths == []
+        assert supervisor.restarts >= 2 and not failing.done()
+        failing.cancel()
         died = supervisor.start("leadership", crashing, restart=False)
-        returned = supervisor.start("resync", returning, restart=False)
-        await asyncio.gather(died, returned, return_exceptions=True)
+        bare = supervisor.start("webhooks", silent, restart=False)
+        await asyncio.gather(died, bare, failing, return_exceptions=True)
         await asyncio.sleep(0)
 
     asyncio.run(scenario())
-    assert supervisor.dead() == {"leadership": "failed: renewal bug", "resync": "returned"}
+    assert supervisor.dead() == {"leadership": "failed: renewal bug", "webhooks": "failed: ConnectionError"}
     assert deaths == ["ended"]
 
 

@@ -57,6 +57,11 @@ class Attachment(Model):
     uid: str | None = Field(default=None, description="The VMI's uid, once that VMI exists.")
     since: Time | None = Field(default=None, description="When the attachment was made.")
 
+    @property
+    def claimed(self) -> bool:
+        """A VMI object exists for it (its uid recorded): no longer an admission's to take back."""
+        return self.uid is not None
+
 
 class BindRequest(Model):
     """§4: what the webhook asks of the binder, and the binder's answer."""

@@ -282,7 +282,7 @@ def already_placed(members: Sequence[Member], vmi: str, now: dt.datetime) -> str
         if (
             d.status.attached_to is None
             or d.status.attached_to.vmi != vmi
-            or d.status.attached_to.uid is not None
+            or d.status.attached_to.claimed
             or r is None
             or r.vmi != vmi
             or r.result is not BindResult.SUCCEEDED
@@ -346,7 +346,7 @@ def taken_over(device: GPUDevice, request_id: str) -> bool:
     """A template device one admission created that another has since taken for the same VMI name: it carries
     another call's request, or a VMI object has claimed its attachment (a uid). The creator's undo leaves it."""
     request, attached = device.status.bind_request, device.status.attached_to
-    return (request is not None and request.id != request_id) or (attached is not None and attached.uid is not None)
+    return (request is not None and request.id != request_id) or (attached is not None and attached.claimed)
 
 
 def undone(device: GPUDevice, vmi: str, request_id: str, attached_by_us: bool) -> GPUDevice | None:
@@ -357,7 +357,7 @@ def undone(device: GPUDevice, vmi: str, request_id: str, attached_by_us: bool) -
     if request is not None and request.id == request_id:
         changes["bind_request"] = None
     attached = device.status.attached_to
-    if attached_by_us and attached is not None and attached.vmi == vmi and attached.uid is None:
+    if attached_by_us and attached is not None and attached.vmi == vmi and not attached.claimed:
         changes["attached_to"] = None
     if not changes:
         return None

@@ -118,6 +118,7 @@ class Operator:
             self.writer,
             scan_interval=settings.pod_scan_interval,
             recheck_interval=settings.sweep_interval,
+            watch_timeout=settings.watch_timeout,
         )
         self.registration = Registration(settings, self.kube)
         # A task that really died ends the process: the kubelet starts a whole one again (§10).

@@ -33,7 +33,6 @@ log = structlog.get_logger("cozygpu.watch")
 
 PAGE = 500
 BACKOFF = (0.5, 30.0)  # the first retry's delay and the cap, seconds
-WATCH_TIMEOUT = 240  # the server ends each stream after this long; resumed at once (settings.watch_timeout)
 
 
 class Expired(Exception):
@@ -60,7 +59,7 @@ class Informer:
         field_selector: str = "",
         wanted: Callable[[dict[str, Any]], bool] | None = None,
         in_scope: Callable[[Any], bool] | None = None,
-        timeout: int = WATCH_TIMEOUT,
+        timeout: int,
     ) -> None:
         """`wanted`: objects worth a look at all (others not even a Change, unless the view holds them);
         `in_scope`: which keys the view holds that this informer's selectors cover (all by default)."""

@@ -46,7 +46,14 @@ def _asks(body: dict[str, Any]) -> bool:
 
 class PodWatch:
     def __init__(
-        self, view: View, kube: AsyncKube, writer: Writer, *, scan_interval: float, recheck_interval: float
+        self,
+        view: View,
+        kube: AsyncKube,
+        writer: Writer,
+        *,
+        scan_interval: float,
+        recheck_interval: float,
+        watch_timeout: int,
     ) -> None:
         self._view = view
         self._kube = kube
@@ -60,9 +67,10 @@ class PodWatch:
             return held is not None and held.vmi is not None
 
         self._launchers = Informer(
-            view, kube, kinds.POD, label_selector=LAUNCHERS, field_selector=HOLDING, wanted=_asks, in_scope=launcher
-        )
-        self._everything = Informer(view, kube, kinds.POD, field_selector=HOLDING, wanted=_asks)
+            view, kube, kinds.POD, label_selector=LAUNCHERS, field_selector=HOLDING, wanted=_asks, in_scope=launcher,
+            timeout=watch_timeout,
+        )  # fmt: skip
+        self._everything = Informer(view, kube, kinds.POD, field_selector=HOLDING, wanted=_asks, timeout=watch_timeout)
 
     @property
     def informers(self) -> list[Informer]:

@@ -7,7 +7,7 @@ Workers keep their queues on themselves, so a restart loses nothing they knew. W
 worker is between a failure and its restart, `Supervisor.failing` says so for /readyz.
 
 `start` makes each task, supervised or not (leadership is not: a lost Lease ends the
-process on purpose). A task that ends other than by cancellation has really died:
+process on purpose, and its task with it). A task that ends with an exception has really died:
 `dead` says so for /healthz, and `on_death` is called once so the process ends and
 the kubelet starts it afresh (§10).
 """
@@ -41,7 +41,7 @@ class Supervisor:
         return dict(self._failing)
 
     def dead(self) -> dict[str, str]:
-        """Tasks that ended other than by cancellation, with how: the process cannot work without them."""
+        """Tasks that ended with an exception, with what it was: the process cannot work without them."""
         return dict(self._dead)
 
     def start(
@@ -53,10 +53,11 @@ class Supervisor:
         return task
 
     def _ended(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
+        # Cancelled: stopped. Returned: its work ended on purpose (a supervised worker never returns).
+        if task.cancelled() or task.exception() is None:
             return
         error = task.exception()
-        why = f"failed: {error or type(error).__name__}" if error is not None else "returned"
+        why = f"failed: {str(error) or type(error).__name__}"
         first = not self._dead
         self._dead[task.get_name()] = why
         log.error("task.died", task=task.get_name(), how=why, exc_info=error)

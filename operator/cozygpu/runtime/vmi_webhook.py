@@ -34,6 +34,7 @@ from cozygpu.state.cluster import Cluster
 log = structlog.get_logger("cozygpu.webhook")
 
 CONFLICT_RETRIES = 5
+UNDO_TIMEOUT = 5.0  # seconds an undo may take before the refusal is answered; the collector has the rest
 T = TypeVar("T")
 
 
@@ -288,13 +289,17 @@ class VMIAdmission:
         """Clear this call's request and attachments, delete the devices it created (UID precondition)."""
         created = {d.name for d in writes.created}
         try:
-            async with asyncio.timeout(5):
-                for name in writes.requested:
-                    if name not in created:
-                        await self._clear(namespace, name, vmi, writes.request_id, name in writes.attached)
-                for d in writes.created:
-                    await self._delete_created(namespace, d, writes.request_id)
-        except (ApiError, TimeoutError) as e:
+            async with asyncio.timeout(UNDO_TIMEOUT):
+                await gather_bounded(
+                    (self._clear(namespace, name, vmi, writes.request_id, name in writes.attached)
+                     for name in writes.requested if name not in created),
+                    self._calls_in_flight,
+                )  # fmt: skip
+                await gather_bounded(
+                    (self._delete_created(namespace, d, writes.request_id) for d in writes.created),
+                    self._calls_in_flight,
+                )
+        except (ApiError, InternalError, TimeoutError) as e:
             # What is left, the garbage collector clears after the grace period (§6.3).
             log.warning("vmi.undo.incomplete", error=str(e), request_id=writes.request_id)
 
@@ -321,6 +326,8 @@ class VMIAdmission:
                 continue
             log.info("vmi.undo.deleted", device=created.name)
             return
+        # Written to all the while: what is left, the garbage collector clears after the grace period (§6.3).
+        log.warning("vmi.undo.incomplete", device=created.name, error="it kept changing", request_id=request_id)
 
     async def _clear(self, namespace: str, name: str, vmi: str, request_id: str, attached_by_us: bool) -> None:
         for _ in range(CONFLICT_RETRIES):
