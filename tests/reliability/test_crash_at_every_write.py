@@ -27,7 +27,7 @@ from cozygpu.runtime.writes import CRASHED
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.helpers import gpu_device_body, vmi_body
 from tests.reliability.invariants import settled
-from tests.reliability.soak import SOAK, TALLY, Budget
+from tests.reliability.soak import SOAK, TALLY, Budget, Record
 
 QUICK = ("--grace-period", "2", "--sweep-interval", "2", "--bind-timeout", "5")
 # Writes a scenario's admissions cause, with the collector's and accountant's after them, are well under
@@ -118,22 +118,33 @@ def _sweep(scenario: Scenario, sweep: int, kubeconfig: Path, kube: Kube, namespa
         try:
             wait_for("the injected crash", lambda p=crashing: p.proc is not None and p.proc.poll() is not None,
                      timeout=8)  # fmt: skip
-        except AssertionError:
+        except AssertionError:  # it outlived the scenario; still armed, so another clears up for the next sweep
             crashing.stop()
+            after = start_admitting_operator(kubeconfig, _dir(tmp_path, f"after-{sweep}-{n}"), *QUICK)
+            try:
+                _clear(kube, namespace, names, after, record, f"{scenario.name}: outlived at {n} (sweep {sweep})")
+                _hold(scenario, kube, namespace, gpu)
+            finally:
+                after.stop()
             return n
         assert crashing.proc is not None and crashing.proc.returncode == CRASHED, crashing.tail()
         record.runs += 1
         after = start_admitting_operator(kubeconfig, _dir(tmp_path, f"after-{sweep}-{n}"), *QUICK)
         try:
-            settled(kube, namespace, after, record, f"{scenario.name}: a crash at write {n} (sweep {sweep})")
-            for name in sorted(set(names)):
-                if kube.get_or_none(kinds.VMI, name, namespace) is not None:
-                    kube.delete(kinds.VMI, name, namespace)
-            settled(kube, namespace, after, record, f"{scenario.name}: write {n} (sweep {sweep}), VMIs deleted")
+            _clear(kube, namespace, names, after, record, f"{scenario.name}: a crash at write {n} (sweep {sweep})")
             _hold(scenario, kube, namespace, gpu)  # each N starts where the first did (a gather moved one)
         finally:
             after.stop()
     raise AssertionError(f"the operator still crashed at write {MAX_WRITES}")
+
+
+def _clear(kube: Kube, namespace: str, names: list[str], operator: OperatorProcess, record: Record, when: str) -> None:
+    """The invariants, then the run's VMIs deleted and the invariants again (everything of theirs released)."""
+    settled(kube, namespace, operator, record, when)
+    for name in sorted(set(names)):
+        if kube.get_or_none(kinds.VMI, name, namespace) is not None:
+            kube.delete(kinds.VMI, name, namespace)
+    settled(kube, namespace, operator, record, f"{when}, its VMIs deleted")
 
 
 def _hold(scenario: Scenario, kube: Kube, namespace: str, gpu: Gpu) -> None:
