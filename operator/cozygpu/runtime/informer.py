@@ -33,6 +33,14 @@ log = structlog.get_logger("cozygpu.watch")
 
 PAGE = 500
 BACKOFF = (0.5, 30.0)  # the first retry's delay and the cap, seconds
+# A stream that had been up this long before it failed was working: its failure is a new incident, retried
+# from the first delay, not the next step of the last one's backoff (which grew with every API server restart).
+HEALTHY = 5.0
+
+
+def failures_after(failures: int, up_for: float) -> int:
+    """The failure count for the backoff: a stream (or attempt) that was up longer than HEALTHY starts anew."""
+    return 1 if up_for > HEALTHY else failures + 1
 
 
 class Expired(Exception):
@@ -119,12 +127,14 @@ class Informer:
         """Watch until cancelled, from the last list (made first if there is none)."""
         failures = 0
         while True:
+            streaming = time.monotonic()  # since this attempt, then since its stream began
             try:
                 if not self._at:
                     started = time.monotonic()
                     forgotten, _ = await self.list()
                     log.info("watch.listed", kind=self.kind.kind, forgotten=forgotten,
                              duration_ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
+                streaming = time.monotonic()
                 await self._follow()
                 failures = 0
             except Expired:
@@ -133,7 +143,7 @@ class Informer:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                failures += 1
+                failures = failures_after(failures, time.monotonic() - streaming)
                 delay = min(BACKOFF[1], BACKOFF[0] * 2 ** min(failures - 1, 10)) * random.uniform(0.5, 1.0)
                 # Listed anew, not resumed: whatever happened while the stream was broken (an API server
                 # restart, a compaction) the view agrees with the API again before it reports ready.
