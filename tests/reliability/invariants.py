@@ -15,7 +15,7 @@ from cozygpu.api import kinds
 from cozygpu.api.names import gpu_entry_name, template_device_name
 from cozygpu.decisions import references
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube.adapter import Kube
+from cozygpu.kube.adapter import ApiError, Kube
 from tests.helpers import stale
 from tests.reliability.soak import Record
 
@@ -108,8 +108,16 @@ def violations(kube: Kube, namespace: str, operator: OperatorProcess | None = No
 
 
 def settled(kube: Kube, namespace: str, operator: OperatorProcess, record: Record, when: str) -> None:
-    """Wait for every invariant to hold; what still fails after the wait is recorded as a violation."""
+    """Wait for every invariant to hold; what still fails after the wait is recorded as a violation. A read the
+    API server turns away for a moment (a cache re-initialising after a restart or a compaction) is read again."""
+
+    def now() -> list[str]:
+        try:
+            return violations(kube, namespace, operator)
+        except ApiError as e:
+            return [f"the checker could not read: {e.message}"]
+
     try:
-        wait_for(when, lambda: not violations(kube, namespace, operator), timeout=30)
+        wait_for(when, lambda: not now(), timeout=30)
     except AssertionError:
-        record.violations += [f"{when}: {v}" for v in violations(kube, namespace, operator)]
+        record.violations += [f"{when}: {v}" for v in now()]

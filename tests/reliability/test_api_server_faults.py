@@ -123,6 +123,8 @@ def test_watches_resumed_from_a_compacted_version_list_anew(
             try:
                 time.sleep(STREAM + 1)  # every stream ended by the server, none failed: each resumes, not relists
                 control_plane.restart_apiserver()
+                # Ready, but its caches of our kinds may still be filling: "storage is (re)initializing".
+                wait_for("our kinds served", lambda: _serves(kube, namespace))
                 # Changes the operator misses; a create would need its webhook, which is stopped too.
                 kube.delete(kinds.GPU_DEVICE, f"old-{n}", namespace)
                 update(kube, kinds.NODE, node, lambda b, n=n: b["metadata"]["labels"].update({"round": str(n)}))
@@ -143,6 +145,16 @@ def test_watches_resumed_from_a_compacted_version_list_anew(
     finally:
         operator.stop()
     assert record.violations == []
+
+
+def _serves(kube: Kube, namespace: str) -> bool:
+    try:
+        return all(
+            kube.list(kind, namespace if kind.namespaced else None) is not None
+            for kind in (kinds.GPU_DEVICE, kinds.GPU_CLASS, kinds.GPU_BUDGET, kinds.GPU_NODE, kinds.NODE)
+        )
+    except ApiError:
+        return False
 
 
 def _create(kube: Kube, namespace: str, name: str, gpu: Gpu) -> None:
