@@ -95,12 +95,13 @@ class Writer:
         was gone already, and the view forgets it.
         `at_once`: the object carries no finalizers, so the view forgets it now; otherwise what the deletion
         leaves (finalizers pending) the watch reports."""
+        before = self._version(kind, namespace, name)
         if await self._kube.delete(kind, name, namespace or None, uid=uid, resource_version=resource_version):
             self._landed(kind, {"metadata": {"namespace": namespace, "name": name}})
             if at_once:
-                self._view.forget(kind.kind, namespace, name)
+                self._gone(kind, namespace, name, before)
             return True
-        self._view.forget(kind.kind, namespace, name)
+        self._gone(kind, namespace, name, before)
         return False
 
     async def refresh(
@@ -109,6 +110,7 @@ class Writer:
         """Read the object fresh into the view (or forget it). With `assumption`, it is settled in the same
         step; a failed read keeps it (its units stay counted) until `recheck` reads again."""
         key = (namespace, name)
+        before = self._version(kind, namespace, name)
         try:
             fresh = await self._kube.get_or_none(kind, name, namespace or None)
         except Exception as e:
@@ -122,10 +124,21 @@ class Writer:
             if not self._view.cluster.settle_device(namespace, name, assumption):
                 return Outcome(False, fresh)  # another decision of ours is in flight on it: its write settles it
         if fresh is None:
-            self._view.forget(kind.kind, namespace, name)
+            self._gone(kind, namespace, name, before)
         else:
             self._view.apply(kind.kind, fresh)
         return Outcome(False, fresh)
+
+    def _version(self, kind: kinds.Kind, namespace: str, name: str) -> int | None:
+        return self._view.cluster.stored_version(kind.kind, (namespace, name) if kind.namespaced else name)
+
+    def _gone(self, kind: kinds.Kind, namespace: str, name: str, before: int | None) -> None:
+        """The API had no object of the name when asked: the view forgets what it held then, but not what
+        arrived while the call was in flight (a create of the same name answered meanwhile), which a forget
+        by name would drop and bury at its own version, out of sight of every later list."""
+        now = self._version(kind, namespace, name)
+        if now is None or (before is not None and now <= before):
+            self._view.forget(kind.kind, namespace, name)
 
     def _landed(self, kind: kinds.Kind, body: Body) -> None:
         self._writes += 1

@@ -695,6 +695,14 @@ class Cluster:
         stored = self._stored(kind).get(key)
         return stored is not None and self._version_of(stored) == version(resource_version)
 
+    def stored_version(self, kind: str, key: Any) -> int | None:
+        """The version of the object of this kind and key the view holds, None if it holds none."""
+        if kind == "Pod":
+            pod = self.pods.get(*key)
+            return pod.resource_version if pod is not None else None
+        stored = self._stored(kind).get(key)
+        return None if stored is None else self._version_of(stored)
+
     def knows(self, kind: str, key: Any) -> bool:
         """Whether the view holds an object of this kind and key, at any version."""
         return self.pods.get(*key) is not None if kind == "Pod" else key in self._stored(kind)
