@@ -29,7 +29,7 @@ from tests.helpers import gpu_device_body, vmi_body
 from tests.reliability.invariants import settled
 from tests.reliability.soak import SOAK, TALLY, Budget, Record
 
-QUICK = ("--grace-period", "2", "--sweep-interval", "2", "--bind-timeout", "5")
+QUICK = ("--grace-period", "1", "--sweep-interval", "1", "--bind-timeout", "5")
 # Writes a scenario's admissions cause, with the collector's and accountant's after them, are well under
 # this; a sweep ends at the first N the operator outlives.
 MAX_WRITES = 60
