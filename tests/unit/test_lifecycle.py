@@ -7,7 +7,7 @@ from typing import Any
 
 from cozygpu.api import GPUClass, GPUDevice
 from cozygpu.api.names import FINALIZER_IN_USE
-from cozygpu.decisions.lifecycle import Action, Do, class_action, device_actions, due, vmi_to_confirm
+from cozygpu.decisions.lifecycle import Action, Do, class_action, device_actions, due
 from cozygpu.state.cluster import Cluster
 from tests.builders import EPOCH, cluster, device, gpu_class
 
@@ -72,18 +72,6 @@ def test_an_attachment_whose_vmi_never_came_is_cleared_after_the_grace_period() 
     assert dos(device_actions(with_vmi(None), body, LATE, GRACE)) == [Do.DETACH]
     template = GPUDevice.from_wire(attached(template=True))
     assert dos(device_actions(with_vmi(None), template, LATE, GRACE)) == [Do.DELETE]
-
-
-def test_what_rests_on_a_missing_vmi_is_confirmed_by_reading_that_vmi_first() -> None:
-    """Issue 12 (found by the freeze scenario): a delete or detach because the view has no VMI names that VMI, so
-    the collector reads it fresh first (the VMI watch may lag behind an API outage); other actions name none."""
-    never = GPUDevice.from_wire(attached(template=True))
-    assert vmi_to_confirm(never, device_actions(with_vmi(None), never, LATE, GRACE)) == "vm"
-    gone = GPUDevice.from_wire(attached(uid="u1"))
-    assert vmi_to_confirm(gone, device_actions(with_vmi("u2"), gone, SOON, GRACE)) == "vm"
-    live = GPUDevice.from_wire(attached())
-    assert vmi_to_confirm(live, device_actions(with_vmi("u1"), live, SOON, GRACE)) is None  # RECORD_UID
-    assert vmi_to_confirm(live, []) is None
 
 
 def test_a_stale_unanswered_request_is_cleared() -> None:

@@ -92,17 +92,6 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
     return actions
 
 
-def vmi_to_confirm(device: GPUDevice, actions: list[Action]) -> str | None:
-    """The VMI whose absence from the view the first action rests on, when it deletes or detaches: the view
-    may not have heard of that VMI yet (a watch behind after an API server outage), so it is read fresh
-    first. None when nothing rests on a VMI being missing."""
-    if not actions or actions[0].do not in (Do.DELETE, Do.DETACH):
-        return None
-    if device.status.attached_to is not None:
-        return device.status.attached_to.vmi
-    return next((o.name for o in device.metadata.owner_references if o.kind == "VirtualMachineInstance"), None)
-
-
 def _detach(device: GPUDevice, why: str) -> list[Action]:
     actions = [Action(Do.DETACH, why)]
     if FINALIZER_IN_USE in device.metadata.finalizers:

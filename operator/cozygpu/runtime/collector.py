@@ -113,17 +113,7 @@ class Collector:
             device = self._cluster.devices.get(key)
             if device is not None:
                 actions = lifecycle.device_actions(self._cluster, device, now, self._grace)
-                vmi = lifecycle.vmi_to_confirm(device, actions)
-                if vmi is not None:  # read it fresh into the view, and decide again on that
-                    try:
-                        await self._writer.refresh(kinds.VMI, vmi, key[0])
-                    except Exception as e:  # the API or the network: decide again on the next pass
-                        log.warning("collector.read_failed", namespace=key[0], vmi=vmi, error=str(e))
-                        self._dirty.add(key)
-                        continue
-                    device = self._cluster.devices.get(key)
-                    actions = lifecycle.device_actions(self._cluster, device, now, self._grace) if device else []
-                if device is not None and actions:
+                if actions:
                     await self._apply(device, actions)
             after = self._cluster.devices.get(key)
             when = lifecycle.due(after, self._grace) if after is not None else None
