@@ -309,7 +309,7 @@ def test_an_undo_leaves_what_others_wrote() -> None:
 
 def test_a_template_device_another_create_of_the_name_took_is_not_the_creators_to_delete() -> None:
     """Issue 12 item 7: the creator's undo deletes its template device only while nothing but its own request
-    (or none) is on it and no VMI object has claimed it."""
+    (or none) is on it; a uid the collector recorded for a running VMI of the name does not make it that VMI's."""
     untouched = GPUDevice.from_wire(device("vm-gpu-0"))
     assert not admission.taken_over(untouched, "r1")
     own = GPUDevice.from_wire(device("vm-gpu-0", status=request("r1", "vm", ["vm-gpu-0"], EPOCH)))
@@ -318,7 +318,7 @@ def test_a_template_device_another_create_of_the_name_took_is_not_the_creators_t
     assert admission.taken_over(theirs, "r1")
     claimed = request("r1", "vm", ["vm-gpu-0"], EPOCH)
     claimed["attachedTo"]["uid"] = "u1"
-    assert admission.taken_over(GPUDevice.from_wire(device("vm-gpu-0", status=claimed)), "r1")
+    assert not admission.taken_over(GPUDevice.from_wire(device("vm-gpu-0", status=claimed)), "r1")
 
 
 def test_malformed_gpu_fields_are_named_not_spelled_out_letter_by_letter() -> None:

@@ -344,9 +344,10 @@ def pinned(vmi: dict[str, Any], gpus: Sequence[dict[str, str]], node: str | None
 
 def taken_over(device: GPUDevice, request_id: str) -> bool:
     """A template device one admission created that another has since taken for the same VMI name: it carries
-    another call's request, or a VMI object has claimed its attachment (a uid). The creator's undo leaves it."""
-    request, attached = device.status.bind_request, device.status.attached_to
-    return (request is not None and request.id != request_id) or (attached is not None and attached.claimed)
+    that call's request (kept once answered). The creator's undo leaves it. A uid on its attachment proves
+    nothing here: the collector records the uid of any VMI of the name, a running one the device is not for."""
+    request = device.status.bind_request
+    return request is not None and request.id != request_id
 
 
 def undone(device: GPUDevice, vmi: str, request_id: str, attached_by_us: bool) -> GPUDevice | None:
