@@ -9,6 +9,8 @@ what a crash left.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections import defaultdict
 
 from cozygpu.api import kinds
@@ -105,6 +107,18 @@ def violations(kube: Kube, namespace: str, operator: OperatorProcess | None = No
     if operator is not None and not operator.ready():
         found.append("the operator is not ready")
     return found
+
+
+def admitting(kube: Kube, namespace: str, prefix: str, timeout: float = 5.0) -> bool:
+    """Wait until an admission of a VMI named `prefix...` is under way (its template device made), so a fault
+    lands in the middle of it; False if none showed within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ApiError):
+            if any(d["metadata"]["name"].startswith(prefix) for d in kube.list(kinds.GPU_DEVICE, namespace)):
+                return True
+        time.sleep(0.01)
+    return False
 
 
 def settled(kube: Kube, namespace: str, operator: OperatorProcess, record: Record, when: str) -> None:

@@ -26,7 +26,7 @@ from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.helpers import gpu_device_body, update, vmi_body
-from tests.reliability.invariants import settled
+from tests.reliability.invariants import admitting, settled
 from tests.reliability.soak import TALLY, Budget, runs
 
 # A 60 s term: the faults here last seconds, and must not cost the Lease (that ends the process, §10). A grace
@@ -70,7 +70,7 @@ def test_a_frozen_api_server_in_the_middle_of_admissions_leaves_nothing_broken(
             threads = [threading.Thread(target=_create, args=(kube, namespace, f"vm{n}-{i}", gpu)) for i in range(4)]
             for t in threads:
                 t.start()
-            time.sleep(0.2)
+            admitting(kube, namespace, f"vm{n}-")  # freeze while an admission is under way
             in_flight = sum(t.is_alive() for t in threads)
             control_plane.freeze_apiserver(6)
             thawed = time.monotonic()

@@ -23,7 +23,7 @@ from cozygpu.api.names import API_VERSION
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.helpers import gpu_device_body, vmi_body
-from tests.reliability.invariants import settled
+from tests.reliability.invariants import admitting, settled
 from tests.reliability.soak import TALLY, Budget, runs
 
 QUICK = ("--grace-period", "1", "--sweep-interval", "1", "--bind-timeout", "4")
@@ -75,7 +75,9 @@ def test_kill_9_at_random_moments_of_bursts_leaves_nothing_broken(
                        for i in range(BURST)]  # fmt: skip
             for t in threads:
                 t.start()
-            time.sleep(rng.uniform(0.0, 0.8))  # a burst's admissions take about that long
+            # From the first admission under way, a random moment of the burst's.
+            admitting(kube, namespace, f"vm{n}-")
+            time.sleep(rng.uniform(0.0, 0.3))
             in_flight = sum(t.is_alive() for t in threads)
         finally:
             operator.kill()
