@@ -20,7 +20,7 @@ import structlog
 
 from cozygpu.api import Attachment, BindRequest, GPUDevice, kinds
 from cozygpu.api.meta import now as utcnow
-from cozygpu.api.names import LABEL_DEVICE_REFERENCE, TRUE, template_device_name
+from cozygpu.api.names import FINALIZER_IN_USE, LABEL_DEVICE_REFERENCE, TRUE, template_device_name
 from cozygpu.decisions import admission, budgets, references
 from cozygpu.decisions.admission import Member
 from cozygpu.decisions.references import HeldRef, TemplateRef
@@ -324,10 +324,25 @@ class VMIAdmission:
                 )
             except Conflict:
                 continue
+            await self._release(namespace, created)
             log.info("vmi.undo.deleted", device=created.name)
             return
         # Written to all the while: what is left, the garbage collector clears after the grace period (§6.3).
         log.warning("vmi.undo.incomplete", device=created.name, error="it kept changing", request_id=request_id)
+
+    async def _release(self, namespace: str, created: GPUDevice) -> None:
+        """Drop the in-use finalizer from a template device this call deleted: the collector may have added it
+        meanwhile (it records any VMI of the name, a running one the device is not for), and would keep it."""
+        for _ in range(CONFLICT_RETRIES):
+            current = await self._get(namespace, created.name)
+            if current is None or current.metadata.uid != created.metadata.uid:
+                return
+            if FINALIZER_IN_USE not in current.metadata.finalizers:
+                return
+            kept = [f for f in current.metadata.finalizers if f != FINALIZER_IN_USE]
+            dropped = current.model_copy(update={"metadata": current.metadata.model_copy(update={"finalizers": kept})})
+            if (await self._writer.replace(kinds.GPU_DEVICE, dropped.wire())).written:
+                return
 
     async def _clear(self, namespace: str, name: str, vmi: str, request_id: str, attached_by_us: bool) -> None:
         for _ in range(CONFLICT_RETRIES):
