@@ -38,6 +38,16 @@ def vmi_body(name: str, namespace: str) -> Body:
     return bodies.vmi_body(name, namespace, [{"deviceTemplate": {"className": "bench", "count": 1}}] * 2)
 
 
+def fill(kube: Kube, node_count: int, namespaces: tuple[str, ...]) -> None:
+    """The bench's cloud: nodes of 8 units each, the class `bench`, and the namespaces."""
+    for n in range(node_count):
+        nodes.create_gpu_node(kube, f"bench-{n:04d}", {RESOURCE: 8})
+    kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "bench"},
+                                  "spec": {"mode": "passthrough", "resourceName": RESOURCE}})  # fmt: skip
+    for ns in namespaces:
+        kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+
+
 def chain_of_writes(kube: Kube, name: str, namespace: str) -> None:
     """What one admission costs in API calls, with nothing deciding in between."""
     parts = [f"{name}-gpu-0", f"{name}-gpu-1"]
@@ -83,12 +93,7 @@ def main() -> None:
     args = p.parse_args()
     with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
         kube = plane.kube()
-        for n in range(args.nodes):
-            nodes.create_gpu_node(kube, f"bench-{n:04d}", {RESOURCE: 8})
-        kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "bench"},
-                                      "spec": {"mode": "passthrough", "resourceName": RESOURCE}})  # fmt: skip
-        for ns in ("floor", "ours", "burst"):
-            kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        fill(kube, args.nodes, ("floor", "ours", "burst"))
         clients = [plane.kube() for _ in range(max(args.concurrency, 1))]
         count = args.concurrency * args.rounds
         floor = latencies(clients, lambda k, name: chain_of_writes(k, name, "floor"), count)

@@ -20,11 +20,10 @@ import time
 import uuid
 from pathlib import Path
 
-from admission import RESOURCE, pct, row
+from admission import fill, pct, row
 
 from cozygpu.api import kinds
-from cozygpu.api.names import API_VERSION
-from cozygpu.devcluster import bodies, identity, nodes
+from cozygpu.devcluster import bodies, identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
@@ -52,12 +51,7 @@ def main() -> None:
     args = p.parse_args()
     with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
         kube = plane.kube()
-        for n in range(args.nodes):
-            nodes.create_gpu_node(kube, f"bench-{n:04d}", {RESOURCE: 8})
-        kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "bench"},
-                                      "spec": {"mode": "passthrough", "resourceName": RESOURCE}})  # fmt: skip
-        for ns in ("alone", "beside", "large"):
-            kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+        fill(kube, args.nodes, ("alone", "beside", "large"))
         config = identity.write_kubeconfig(plane, Path(tmp) / "operator")
         operator = OperatorProcess(
             config, Path(tmp) / "operator.log", "--dev", "--max-devices-per-vmi", str(args.max_devices)
