@@ -19,8 +19,8 @@ from cozygpu.api import kinds
 from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube.adapter import Body, Kube
-from tests.helpers import gpu_class_body, stale
+from cozygpu.kube.adapter import ApiError, Body, Kube
+from tests.helpers import gpu_class_body, gpu_device_body, stale
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -73,9 +73,28 @@ def admitting(
     process = start_admitting_operator(operator_kubeconfig, tmp_path_factory.mktemp("admitting"), "--bind-timeout", "5")
     yield process
     process.stop()
-    kube = control_plane.kube()
+    unregister_webhooks(control_plane.kube())
+
+
+def unregister_webhooks(kube: Kube) -> None:
+    """Delete the dev configurations, then wait until the API server's cache of them has let go too.
+
+    Without the wait, the next writes (a cleanup, the next module's) may still be sent to a dead port.
+    """
     kube.delete(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")
     kube.delete(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator")
+
+    def let_go() -> bool:
+        try:
+            kube.create(kinds.GPU_DEVICE, gpu_device_body(f"probe-{uuid.uuid4().hex[:8]}", "default", "none"),
+                        dry_run=True)  # fmt: skip
+        except ApiError as e:
+            if "failed calling webhook" in e.message:
+                return False
+            raise
+        return True
+
+    wait_for("the API server to stop calling removed webhooks", let_go, timeout=15)
 
 
 @pytest.fixture(scope="module")

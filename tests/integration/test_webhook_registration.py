@@ -13,7 +13,7 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster import identity
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
+from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator, unregister_webhooks
 from tests.helpers import gpu_device_body, update
 
 pytestmark = pytest.mark.integration
@@ -61,6 +61,5 @@ def test_the_operator_never_waits_on_its_own_webhook(
         assert body["metadata"]["finalizers"] == protect
     finally:
         operator.kill()
-        for kind in (kinds.MUTATING_WEBHOOKS, kinds.VALIDATING_WEBHOOKS):
-            kube.delete(kind, "cozy-gpu-operator")
+        unregister_webhooks(kube)
     kube.patch(kinds.GPU_DEVICE, "h", {"metadata": {"finalizers": None}}, namespace)

@@ -19,7 +19,7 @@ from cozygpu.kube.adapter import AsyncKube, Kube
 from cozygpu.runtime.view import View
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
-from tests.conftest import Gpu
+from tests.conftest import Gpu, unregister_webhooks
 from tests.helpers import gpu_device_body
 
 pytestmark = pytest.mark.integration
@@ -28,8 +28,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def writer(kube: Kube) -> tuple[Writer, View]:
     # A killed --dev operator may have left its webhooks: nothing here goes through them.
-    kube.delete(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")
-    kube.delete(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator")
+    unregister_webhooks(kube)
     view = View(Cluster())
     return Writer(view, AsyncKube(kube, workers=2)), view
 
