@@ -87,7 +87,7 @@ BENCH_SIZES ?= 1000:5000 5000:20000
 bench: venv
 	bash hack/build-control-plane.sh kube-scheduler >/dev/null
 	$(BIN)/python bench/placement.py --nodes 1000 --devices 5000
-	$(BIN)/python bench/placement.py --nodes 5000 --devices 20000
+	$(BIN)/python bench/placement.py --nodes 5000 --devices 20000 --tenants 10000
 	$(BIN)/python bench/placement.py --nodes 20000 --devices 50000 --rounds 50
 	for size in $(BENCH_SIZES); do \
 	  KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh kube-scheduler | tail -n 1)" \

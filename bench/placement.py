@@ -4,7 +4,9 @@ Prints figures; asserts nothing (these machines are shared and noisy). Measures 
 pure decision paths the binder and the webhook run per request: placing a set,
 checking orders against budgets, and computing a GPUNode status, over a view of
 N nodes and M devices (every other one a template device owned by a running VMI);
-and the collector's safety-net sweep, which judges every device (§6.4).
+and the collector's safety-net sweep, which judges every device (§6.4). Then a budget
+check among many tenants with an org-wide budget, beside the same check by a walk of every
+budget and namespace (how it was done before the view indexed budgets), and the ratio.
 Run: `make bench` (or `python bench/placement.py --nodes 500`).
 """
 
@@ -20,6 +22,7 @@ from collections.abc import Callable
 
 from cozygpu.api import GPUDevice
 from cozygpu.api.names import FINALIZER_IN_USE, LABEL_TEMPLATE_DEVICE
+from cozygpu.api.selectors import selector_matches
 from cozygpu.decisions.budgets import Order, check_orders
 from cozygpu.decisions.lifecycle import device_actions
 from cozygpu.decisions.nodestatus import gpunode_status
@@ -63,7 +66,7 @@ def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
     return c
 
 
-def timed(label: str, fn: Callable[[], object], rounds: int) -> None:
+def timed(label: str, fn: Callable[[], object], rounds: int) -> float:
     samples = []
     for _ in range(rounds):
         start = time.perf_counter()
@@ -71,6 +74,39 @@ def timed(label: str, fn: Callable[[], object], rounds: int) -> None:
         samples.append(time.perf_counter() - start)
     p50, p99 = statistics.median(samples), sorted(samples)[int(0.99 * (len(samples) - 1))]
     print(f"{label:<44} p50 {p50 * 1e3:8.3f} ms   p99 {p99 * 1e3:8.3f} ms   ({rounds} rounds)")
+    return p50
+
+
+def _use_by_walk(c: Cluster, namespace: str) -> dict[str, int]:
+    """Units in use under every budget covering the namespace, walking every budget and namespace (the peer)."""
+    used: dict[str, int] = {}
+    for b in c.budgets.values():
+        selector = b.spec.namespace_selector
+        if b.namespace != namespace and (
+            selector is None or not selector_matches(selector, c.namespace_labels(namespace))
+        ):
+            continue
+        covered = {b.namespace or ""}
+        if selector is not None:
+            covered |= {ns for ns in c.namespaces if selector_matches(selector, c.namespace_labels(ns))}
+        for ns in covered:
+            for class_name, units in c.use_in(ns).items():
+                used[class_name] = used.get(class_name, 0) + units
+    return used
+
+
+def budgets_among_tenants(tenants: int, rounds: int) -> None:
+    """One budget per tenant namespace and one org-wide budget selecting all of them."""
+    c = build(100, tenants, tenants, seed=2)
+    c.upsert_budget({"metadata": {"name": "org", "namespace": "t0", "resourceVersion": "1"},
+                     "spec": {"namespaceSelector": {"matchExpressions": [{"key": "org", "operator": "DoesNotExist"}]},
+                              "total": 10 * tenants}})  # fmt: skip
+    orders = [Order("t1", "c0", 1, "deviceTemplate 0"), Order("t1", "c0", 2, "deviceTemplate 1")]
+    print(f"budgets among {tenants} tenant namespaces, one org-wide budget:")
+    indexed = timed("  check two orders (the view's budget index)", lambda: check_orders(c, orders), rounds)
+    walked = timed("  the same use by a walk (the peer)", lambda: [_use_by_walk(c, "t1") for _ in orders], rounds)
+    assert check_orders(c, orders) is None and sum(_use_by_walk(c, "t1").values()) > 0
+    print(f"  walk / index: {walked / indexed:.0f}x")
 
 
 def main() -> None:
@@ -79,6 +115,7 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=5000)
     p.add_argument("--namespaces", type=int, default=200)
     p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--tenants", type=int, default=0, help="also time a budget check among this many tenants")
     args = p.parse_args()
 
     tracemalloc.start()
@@ -103,6 +140,8 @@ def main() -> None:
     sweep_rounds = max(3, args.rounds // 40)
     timed("collector sweep: judge every device", lambda: [device_actions(c, d, now, grace) for d in c.devices.values()],
           sweep_rounds)  # fmt: skip
+    if args.tenants:
+        budgets_among_tenants(args.tenants, max(5, args.rounds // 10))
 
 
 if __name__ == "__main__":

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cozygpu.api import GPUBudget
+from cozygpu.api.selectors import selector_matches
 from cozygpu.decisions.budgets import Order, check_orders, covering_budgets, usage
-from tests.builders import budget, cluster, device, gpu_class
+from cozygpu.state.cluster import Cluster
+from tests.builders import budget, cluster, device, gpu_class, rv
 
 
 def order(count: int, class_name: str = "a10", namespace: str = "t1", what: str = "deviceTemplate 0") -> Order:
@@ -124,3 +133,86 @@ def test_a_lowered_budget_refuses_new_orders_only() -> None:
     )
     assert check_orders(c, []) is None
     assert check_orders(c, [order(1)]) is not None
+
+
+def test_a_namespace_leaving_a_parent_budget_touches_that_budget() -> None:
+    """§9: relabelled out of a selector, the namespace's use leaves the parent's tally, and the change says so."""
+    c = cluster(
+        classes=[gpu_class("a10")],
+        devices=[device("x", count=2, namespace="child", phase="Bound", node_name="n1")],
+        budgets=[budget("tenant", namespace="parent", namespaceSelector={"matchLabels": {"tenant": "acme"}})],
+        namespaces={"parent": {}, "child": {"tenant": "acme"}},
+    )
+    assert usage(c, c.budgets[("parent", "tenant")]) == {"a10": 2}
+    change = c.apply("Namespace", {"metadata": {"name": "child", "labels": {}, "resourceVersion": rv()}})
+    assert "parent" in change.namespaces
+    assert usage(c, c.budgets[("parent", "tenant")]) == {}
+    assert covering_budgets(c, "child") == []
+
+
+_SELECTORS: list[dict[str, Any] | None] = [
+    None,
+    {"matchLabels": {"tier": "1"}},
+    {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["1", "2"]}]},
+    {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ns0", "ghost"]}]},
+]
+_budget_ops = st.lists(
+    st.tuples(
+        st.sampled_from(["namespace", "namespace-gone", "budget", "budget-gone", "use", "unuse"]),
+        st.integers(0, 4),  # which namespace, budget or device
+        st.integers(0, 3),  # a label value, a selector, a namespace for a device
+    ),
+    max_size=50,
+)
+
+
+def _covering_by_scan(c: Cluster, namespace: str) -> list[GPUBudget]:
+    labels = c.namespace_labels(namespace)
+    found = [
+        b
+        for b in c.budgets.values()
+        if b.namespace == namespace
+        or (b.spec.namespace_selector is not None and selector_matches(b.spec.namespace_selector, labels))
+    ]
+    return sorted(found, key=lambda b: (b.namespace or "", b.name))
+
+
+def _usage_by_scan(c: Cluster, b: GPUBudget) -> dict[str, int]:
+    selector = b.spec.namespace_selector
+    selected = {
+        ns for ns in c.namespaces if selector is not None and selector_matches(selector, c.namespace_labels(ns))
+    }
+    covered = {b.namespace} | selected
+    used: dict[str, int] = defaultdict(int)
+    for d in c.devices.values():
+        if d.in_use and d.namespace in covered:
+            used[d.spec.class_name] += d.spec.count
+    return dict(used)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_budget_ops)
+def test_budget_coverage_and_use_always_match_a_scan(ops: list[tuple[str, int, int]]) -> None:
+    """The budget index (who covers a namespace, each budget's use) equals walking every budget, namespace
+    and device, through namespaces that come, change labels and go, budgets that change selectors, and use."""
+    c = cluster(classes=[gpu_class("a10"), gpu_class("l40")])
+    for op, i, j in ops:
+        if op == "namespace":
+            c.upsert_namespace({"metadata": {"name": f"ns{i}", "labels": {"tier": str(j)}, "resourceVersion": rv()}})
+        elif op == "namespace-gone":
+            c.remove_namespace(f"ns{i}", rv())
+        elif op == "budget":
+            selector = _SELECTORS[j]
+            spec = {} if selector is None else {"namespaceSelector": selector}
+            c.upsert_budget(budget(f"b{i}", namespace=f"ns{i % 3}", limits={"a10": j}, **spec))
+        elif op == "budget-gone":
+            c.remove_budget(f"ns{i % 3}", f"b{i}", rv())
+        elif op == "use":
+            c.upsert_device(device(f"d{i}", ("a10", "l40")[i % 2], 1 + i, namespace=f"ns{j}", phase="Bound",
+                                   node_name="n1"))  # fmt: skip
+        else:
+            c.remove_device(f"ns{j}", f"d{i}", rv())
+    for ns in [f"ns{k}" for k in range(5)] + ["ghost"]:
+        assert covering_budgets(c, ns) == _covering_by_scan(c, ns)
+    for b in c.budgets.values():
+        assert usage(c, b) == _usage_by_scan(c, b)

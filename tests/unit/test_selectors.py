@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cozygpu.api.selectors import LabelSelector, Toleration
-from cozygpu.decisions.selectors import node_selector_matches, selector_matches, tolerates, untolerated
+from cozygpu.api.selectors import LabelSelector, Toleration, selector_matches
+from cozygpu.decisions.selectors import node_selector_matches, tolerates, untolerated
 from cozygpu.state.nodes import Taint
 
 

@@ -1,11 +1,13 @@
 """Kubernetes selector and toleration shapes used by GPUClass and GPUBudget.
 
-Only the shapes live here; matching them against nodes and namespaces is a
-decision and lives with the decisions.
+The shapes live here, and so does a label selector's meaning (`selector_matches`):
+the view indexes budgets by the namespaces they select (`state.budgets`), below the
+decisions. Matching nodes and taints is a decision and lives with the decisions.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 
 from pydantic import Field
@@ -31,6 +33,28 @@ class LabelSelector(Model):
 
     match_labels: dict[str, str] = Field(default_factory=dict)
     match_expressions: list[LabelSelectorRequirement] = Field(default_factory=list)
+
+
+def selector_matches(selector: LabelSelector | None, labels: Mapping[str, str]) -> bool:
+    """metav1.LabelSelector semantics; None matches everything."""
+    if selector is None:
+        return True
+    if any(labels.get(k) != v for k, v in selector.match_labels.items()):
+        return False
+    for req in selector.match_expressions:
+        present = req.key in labels
+        match req.operator:
+            case SelectorOperator.IN:
+                ok = present and labels[req.key] in req.values
+            case SelectorOperator.NOT_IN:
+                ok = not present or labels[req.key] not in req.values
+            case SelectorOperator.EXISTS:
+                ok = present
+            case SelectorOperator.DOES_NOT_EXIST:
+                ok = not present
+        if not ok:
+            return False
+    return True
 
 
 class TolerationOperator(StrEnum):

@@ -6,12 +6,11 @@ one decision at a time, which is the guarantee (§7.4).
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cozygpu.api import GPUBudget, GPUDevice
-from cozygpu.decisions.selectors import selector_matches
+from cozygpu.api.selectors import selector_matches
 from cozygpu.state.cluster import Cluster
 
 
@@ -25,24 +24,9 @@ class Order:
     what: str
 
 
-def covered_namespaces(cluster: Cluster, budget: GPUBudget) -> set[str]:
-    """§1.4: its own namespace, and every namespace its namespaceSelector matches."""
-    own = budget.namespace or ""
-    if budget.spec.namespace_selector is None:
-        return {own}
-    selector = budget.spec.namespace_selector
-    return {own} | {ns for ns in cluster.namespaces if selector_matches(selector, cluster.namespace_labels(ns))}
-
-
 def covering_budgets(cluster: Cluster, namespace: str) -> list[GPUBudget]:
-    labels = cluster.namespace_labels(namespace)
-    out = [
-        b
-        for b in cluster.budgets.values()
-        if b.namespace == namespace
-        or (b.spec.namespace_selector is not None and selector_matches(b.spec.namespace_selector, labels))
-    ]
-    return sorted(out, key=lambda b: (b.namespace or "", b.name))
+    """§1.4: budgets of the namespace itself and those whose namespaceSelector matches it (the view's index)."""
+    return cluster.budgets_covering(namespace)
 
 
 def counts(device: GPUDevice) -> bool:
@@ -52,11 +36,7 @@ def counts(device: GPUDevice) -> bool:
 
 def usage(cluster: Cluster, budget: GPUBudget) -> dict[str, int]:
     """Units counting against the budget in the namespaces it covers, per class (the view's counters)."""
-    used: dict[str, int] = defaultdict(int)
-    for ns in covered_namespaces(cluster, budget):
-        for class_name, units in cluster.use_in(ns).items():
-            used[class_name] += units
-    return dict(used)
+    return cluster.budget_use(budget.namespace or "", budget.name)
 
 
 def entitled(cluster: Cluster, namespace: str, class_name: str) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode
 from cozygpu.api.kinds import VIEWED
+from cozygpu.state.budgets import BudgetIndex
 from cozygpu.state.nodes import NodeInfo, node_info
 from cozygpu.state.pods import PodUsage, PodUse
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
@@ -78,7 +79,9 @@ class Cluster:
         self._gone = {kind: Tombstones(tombstones) for kind in KINDS}
         self.classes: dict[str, GPUClass] = {}
         self.devices: dict[DeviceKey, GPUDevice] = {}
-        self.budgets: dict[DeviceKey, GPUBudget] = {}
+        # Budgets with what each covers and the units in use under each (§7): checks without a walk.
+        self._budgets = BudgetIndex()
+        self.budgets: dict[DeviceKey, GPUBudget] = self._budgets.budgets
         self.nodes: dict[str, NodeInfo] = {}
         self.namespaces: dict[str, dict[str, str]] = {}
         self._by_node: dict[str, set[DeviceKey]] = defaultdict(set)
@@ -258,6 +261,7 @@ class Cluster:
             self._turn_of[key] = turn
         if device.in_use:
             _add(self._use.setdefault(key[0], {}), device.spec.class_name, device.spec.count)
+            self._budgets.add_use(key[0], device.spec.class_name, device.spec.count)
 
     def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
         turn = self._turn_of.pop(key, None)
@@ -268,6 +272,7 @@ class Cluster:
             _add(use, device.spec.class_name, -device.spec.count)
             if not use:
                 del self._use[key[0]]
+            self._budgets.add_use(key[0], device.spec.class_name, -device.spec.count)
         self._uncount(key)
         request = device.status.bind_request
         attached = device.status.attached_to
@@ -570,12 +575,12 @@ class Cluster:
             return
         old = self.budgets.get(key)
         if old is None or _newer(old.metadata.resource_version, budget.metadata.resource_version):
-            self.budgets[key] = budget
+            self._budgets.put(budget, self.namespaces, self.namespace_labels, self.use_in)
             self._namespaces_touched.add(key[0])
             self._changed = True
 
     def remove_budget(self, namespace: str, name: str, resource_version: str | None = None) -> None:
-        old = self.budgets.pop((namespace, name), None)
+        old = self._budgets.drop((namespace, name))
         self._changed = old is not None
         self._bury("GPUBudget", (namespace, name), resource_version, old.metadata.resource_version if old else None)
 
@@ -652,13 +657,20 @@ class Cluster:
         meta = body.get("metadata", {})
         if not self._admit_raw("Namespace", meta.get("name", ""), meta):
             return
-        self.namespaces[meta.get("name", "")] = dict(meta.get("labels") or {})
-        self._namespaces_touched.add(meta.get("name", ""))
-        self._raw_versions["Namespace"][meta.get("name", "")] = version(meta.get("resourceVersion"))
+        name = meta.get("name", "")
+        self.namespaces[name] = dict(meta.get("labels") or {})
+        self._namespaces_touched.add(name)
+        # A budget that took the namespace up or let it go has a new use to report (§9).
+        moved = self._budgets.relabel(name, self.namespace_labels(name), self._use.get(name, {}))
+        self._namespaces_touched |= {key[0] for key in moved}
+        self._raw_versions["Namespace"][name] = version(meta.get("resourceVersion"))
         self._changed = True
 
     def remove_namespace(self, name: str, resource_version: str | None = None) -> None:
         self._changed = self.namespaces.pop(name, None) is not None
+        if self._changed:
+            moved = self._budgets.namespace_gone(name, self._use.get(name, {}))
+            self._namespaces_touched |= {key[0] for key in moved}
         self._bury_raw("Namespace", name, resource_version)
 
     # -- resyncs (§6.4) -------------------------------------------------------
@@ -718,6 +730,17 @@ class Cluster:
         return sorted(
             (k for k, v in self._stored(kind).items() if k not in listed and self._version_of(v) <= limit), key=str
         )
+
+    def budgets_covering(self, namespace: str) -> list[GPUBudget]:
+        """Budgets whose limits apply to orders in the namespace (§1.4), by (namespace, name)."""
+        return self._budgets.covering(namespace, namespace in self.namespaces, self.namespace_labels(namespace))
+
+    def budget_use(self, namespace: str, name: str) -> dict[str, int]:
+        """Units in use per class in the namespaces the budget covers (§7.2)."""
+        return self._budgets.used((namespace, name))
+
+    def budget_covers(self, namespace: str, name: str) -> frozenset[str]:
+        return self._budgets.covered((namespace, name))
 
     def namespace_labels(self, namespace: str) -> dict[str, str]:
         # Every namespace carries kubernetes.io/metadata.name; keep selectors on it working
