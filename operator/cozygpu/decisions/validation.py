@@ -35,7 +35,7 @@ def device_create(
     if limit is not None and device.spec.count > limit:
         return f"{what}: count {device.spec.count} exceeds the maxCount of {limit} of GPUClass {cls.name}"
     resource = cls.spec.resource_name
-    most = max((n.units(resource) for n in cluster.nodes.values()), default=0)
+    most = cluster.most_units(resource)  # an index: a create does not walk the nodes
     if device.spec.count > most:
         return (
             f"{what}: no node has {device.spec.count} units of {resource}, so it could never be placed; "
