@@ -155,14 +155,18 @@ _SELECTORS: list[dict[str, Any] | None] = [
     {"matchLabels": {"tier": "1"}},
     {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["1", "2"]}]},
     {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ns0", "ghost"]}]},
+    {},  # selects every namespace, the unknown ones too
+    {"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["1"]}]},
+    {"matchExpressions": [{"key": "tier", "operator": "DoesNotExist"}]},
 ]
+_NAMESPACES = ["ns0", "ns1", "ns2", "ns3", "ns4", "ghost"]  # "ghost" never appears as a Namespace
 _budget_ops = st.lists(
     st.tuples(
-        st.sampled_from(["namespace", "namespace-gone", "budget", "budget-gone", "use", "unuse"]),
-        st.integers(0, 4),  # which namespace, budget or device
-        st.integers(0, 3),  # a label value, a selector, a namespace for a device
+        st.sampled_from(["namespace", "namespace-gone", "budget", "stale-budget", "budget-gone", "use", "unuse"]),
+        st.integers(0, 5),  # which namespace, budget or device
+        st.integers(0, 6),  # a label value, a selector, a namespace and phase for a device
     ),
-    max_size=50,
+    max_size=60,
 )
 
 
@@ -190,29 +194,55 @@ def _usage_by_scan(c: Cluster, b: GPUBudget) -> dict[str, int]:
     return dict(used)
 
 
-@settings(max_examples=300, deadline=None)
+def _event(op: str, i: int, j: int) -> tuple[str, dict[str, Any], bool]:
+    """One event as the view's door gets it: kind, body, deleted."""
+    if op == "namespace":
+        return (
+            "Namespace",
+            {"metadata": {"name": f"ns{i % 5}", "labels": {"tier": str(j)}, "resourceVersion": rv()}},
+            False,
+        )
+    if op == "namespace-gone":
+        return "Namespace", {"metadata": {"name": f"ns{i % 5}", "resourceVersion": rv()}}, True
+    home = _NAMESPACES[i % 3 * 2 + 1] if i % 3 < 2 else "ghost"
+    if op in ("budget", "stale-budget"):
+        selector = _SELECTORS[j]
+        body = budget(
+            f"b{i}", namespace=home, limits={"a10": j}, **({} if selector is None else {"namespaceSelector": selector})
+        )
+        if op == "stale-budget":
+            body["metadata"]["resourceVersion"] = "1"  # older than anything stored: ignored
+        return "GPUBudget", body, False
+    if op == "budget-gone":
+        return "GPUBudget", {"metadata": {"name": f"b{i}", "namespace": home, "resourceVersion": rv()}}, True
+    namespace = _NAMESPACES[j % 6]
+    if op == "use":  # the same device flips between counted and not (§7.2)
+        phase, template = [("Bound", False), ("Pending", False), (None, False), (None, True)][(i + j) % 4]
+        body = device(f"d{i}", ("a10", "l40")[i % 2], 1 + i, namespace=namespace, phase=phase, template=template,
+                      node_name="n1" if phase == "Bound" else None)  # fmt: skip
+        return "GPUDevice", body, False
+    return "GPUDevice", {"metadata": {"name": f"d{i}", "namespace": namespace, "resourceVersion": rv()}}, True
+
+
+@settings(max_examples=400, deadline=None)
 @given(_budget_ops)
 def test_budget_coverage_and_use_always_match_a_scan(ops: list[tuple[str, int, int]]) -> None:
     """The budget index (who covers a namespace, each budget's use) equals walking every budget, namespace
-    and device, through namespaces that come, change labels and go, budgets that change selectors, and use."""
+    and device, through namespaces that come, change labels and go, budgets that change selectors or arrive
+    stale, devices that start and stop counting; and every budget whose use moved is one the change's
+    namespaces lead the accountant to (§9)."""
     c = cluster(classes=[gpu_class("a10"), gpu_class("l40")])
+    before: dict[tuple[str, str], dict[str, int]] = {}
     for op, i, j in ops:
-        if op == "namespace":
-            c.upsert_namespace({"metadata": {"name": f"ns{i}", "labels": {"tier": str(j)}, "resourceVersion": rv()}})
-        elif op == "namespace-gone":
-            c.remove_namespace(f"ns{i}", rv())
-        elif op == "budget":
-            selector = _SELECTORS[j]
-            spec = {} if selector is None else {"namespaceSelector": selector}
-            c.upsert_budget(budget(f"b{i}", namespace=f"ns{i % 3}", limits={"a10": j}, **spec))
-        elif op == "budget-gone":
-            c.remove_budget(f"ns{i % 3}", f"b{i}", rv())
-        elif op == "use":
-            c.upsert_device(device(f"d{i}", ("a10", "l40")[i % 2], 1 + i, namespace=f"ns{j}", phase="Bound",
-                                   node_name="n1"))  # fmt: skip
-        else:
-            c.remove_device(f"ns{j}", f"d{i}", rv())
-    for ns in [f"ns{k}" for k in range(5)] + ["ghost"]:
+        kind, body, deleted = _event(op, i, j)
+        change = c.apply(kind, body, deleted=deleted)
+        now = {(b.namespace or "", b.name): _usage_by_scan(c, b) for b in c.budgets.values()}
+        reached = {(b.namespace or "", b.name) for ns in change.namespaces for b in covering_budgets(c, ns)}
+        for key, used in now.items():
+            if before.get(key) != used:
+                assert key in reached, f"{op}: budget {key} went from {before.get(key)} to {used} untouched"
+        before = now
+    for ns in _NAMESPACES:
         assert covering_budgets(c, ns) == _covering_by_scan(c, ns)
     for b in c.budgets.values():
         assert usage(c, b) == _usage_by_scan(c, b)

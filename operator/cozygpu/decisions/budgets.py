@@ -35,7 +35,9 @@ def counts(device: GPUDevice) -> bool:
 
 
 def usage(cluster: Cluster, budget: GPUBudget) -> dict[str, int]:
-    """Units counting against the budget in the namespaces it covers, per class (the view's counters)."""
+    """Units counting against the budget in the namespaces it covers, per class (the view's counters).
+
+    The budget is the view's own (looked up by its key): what it covers is what the view stored."""
     return cluster.budget_use(budget.namespace or "", budget.name)
 
 

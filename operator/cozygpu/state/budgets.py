@@ -13,14 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 
 from cozygpu.api import GPUBudget
 from cozygpu.api.selectors import selector_matches
+from cozygpu.state.counts import add as _add
 
 BudgetKey = tuple[str, str]  # (namespace, name)
-
-
-def _add(counts: dict[str, int], class_name: str, units: int) -> None:
-    counts[class_name] = counts.get(class_name, 0) + units
-    if not counts[class_name]:
-        del counts[class_name]
 
 
 class BudgetIndex:
@@ -101,9 +96,6 @@ class BudgetIndex:
     def used(self, key: BudgetKey) -> dict[str, int]:
         """Units in use per class across the namespaces the budget covers."""
         return dict(self._used.get(key, {}))
-
-    def covered(self, key: BudgetKey) -> frozenset[str]:
-        return frozenset(self._covers.get(key, ()))
 
     def _cover(self, key: BudgetKey, namespace: str, use: Mapping[str, int]) -> None:
         self._covers[key].add(namespace)

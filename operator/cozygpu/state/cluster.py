@@ -15,12 +15,14 @@ import bisect
 import dataclasses
 import datetime as dt
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
 
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode
 from cozygpu.api.kinds import VIEWED
 from cozygpu.state.budgets import BudgetIndex
+from cozygpu.state.counts import add as _add
 from cozygpu.state.nodes import NodeInfo, node_info
 from cozygpu.state.pods import PodUsage, PodUse
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
@@ -57,14 +59,6 @@ def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
 
 
 _LAST = dt.datetime.max.replace(tzinfo=dt.UTC)
-K = TypeVar("K")
-
-
-def _add(counts: dict[K, int], key: K, units: int) -> None:
-    """Add to a counter, dropping it at zero."""
-    counts[key] = counts.get(key, 0) + units
-    if not counts[key]:
-        del counts[key]
 
 
 def _newer(stored: str | None, incoming: str | None) -> bool:
@@ -81,7 +75,7 @@ class Cluster:
         self.devices: dict[DeviceKey, GPUDevice] = {}
         # Budgets with what each covers and the units in use under each (§7): checks without a walk.
         self._budgets = BudgetIndex()
-        self.budgets: dict[DeviceKey, GPUBudget] = self._budgets.budgets
+        self.budgets: Mapping[DeviceKey, GPUBudget] = MappingProxyType(self._budgets.budgets)  # read-only: one door
         self.nodes: dict[str, NodeInfo] = {}
         self.namespaces: dict[str, dict[str, str]] = {}
         self._by_node: dict[str, set[DeviceKey]] = defaultdict(set)
@@ -675,7 +669,7 @@ class Cluster:
 
     # -- resyncs (§6.4) -------------------------------------------------------
 
-    def _stored(self, kind: str) -> dict[Any, Any]:
+    def _stored(self, kind: str) -> Mapping[Any, Any]:
         """What the view holds of `kind`, by key (objects with metadata, NodeInfos, or plain versions)."""
         match kind:
             case "GPUDevice":
@@ -736,11 +730,8 @@ class Cluster:
         return self._budgets.covering(namespace, namespace in self.namespaces, self.namespace_labels(namespace))
 
     def budget_use(self, namespace: str, name: str) -> dict[str, int]:
-        """Units in use per class in the namespaces the budget covers (§7.2)."""
+        """Units in use per class in the namespaces the stored budget of that key covers (§7.2)."""
         return self._budgets.used((namespace, name))
-
-    def budget_covers(self, namespace: str, name: str) -> frozenset[str]:
-        return self._budgets.covered((namespace, name))
 
     def namespace_labels(self, namespace: str) -> dict[str, str]:
         # Every namespace carries kubernetes.io/metadata.name; keep selectors on it working
