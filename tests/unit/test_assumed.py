@@ -23,7 +23,7 @@ def test_an_assumed_decision_outlives_events_of_the_version_it_was_made_on() -> 
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
     pending = c.device("t1", "a")
     assert pending is not None
-    token = c.assume_device(transitions.bound(pending, "n1", EPOCH))
+    token = c.assume_device(transitions.bound(pending, "n1", EPOCH)).token
     c.upsert_device(with_version(device("a"), 5))
     assert c.held_by_class("n1") == {"a10": 1}
     assert c.assumed("t1", "a")
@@ -38,12 +38,11 @@ def test_a_failed_write_gives_the_units_back_once_the_fresh_version_is_in() -> N
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
     pending = c.device("t1", "a")
     assert pending is not None
-    generation = c.capacity_generation
-    token = c.assume_device(transitions.bound(pending, "n1", EPOCH))
+    token = c.assume_device(transitions.bound(pending, "n1", EPOCH)).token
     c.settle_device("t1", "a", token)
-    c.upsert_device(with_version(device("a", phase="Pending"), 7))
+    change = c.apply("GPUDevice", with_version(device("a", phase="Pending"), 7))
     assert c.held_by_class("n1") == {}
-    assert c.capacity_generation > generation  # waiting devices are looked at again
+    assert change.room == {"a10"}  # waiting devices of the class are looked at again
 
 
 def test_settling_an_earlier_assumption_leaves_a_later_one_in_place() -> None:
@@ -52,8 +51,8 @@ def test_settling_an_earlier_assumption_leaves_a_later_one_in_place() -> None:
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
     pending = c.device("t1", "a")
     assert pending is not None
-    first = c.assume_device(transitions.bound(pending, "n1", EPOCH))
-    second = c.assume_device(transitions.bound(pending, "n1", EPOCH))
+    first = c.assume_device(transitions.bound(pending, "n1", EPOCH)).token
+    second = c.assume_device(transitions.bound(pending, "n1", EPOCH)).token
     assert not c.settle_device("t1", "a", first)
     assert c.assumed("t1", "a") and c.held_by_class("n1") == {"a10": 1}
     assert c.settle_device("t1", "a", second) and not c.assumed("t1", "a")
@@ -61,15 +60,13 @@ def test_settling_an_earlier_assumption_leaves_a_later_one_in_place() -> None:
 
 def test_a_node_heartbeat_is_no_capacity_change() -> None:
     """The same node at a newer version, nothing a decision reads changed: no retry of waiting devices.
-    A change of allocatable, labels, taints, readiness or schedulability is one."""
-    c = cluster(nodes=[with_version(node("n1", {A10: 2}), 1)])
-    generation = c.capacity_generation
-    c.upsert_node(with_version(node("n1", {A10: 2}), 2))
-    assert c.capacity_generation == generation
-    c.upsert_node(with_version(node("n1", {A10: 3}), 3))
-    assert c.capacity_generation == generation + 1
-    c.upsert_node(with_version(node("n1", {A10: 3}, unschedulable=True), 4))
-    assert c.capacity_generation == generation + 2
+    More allocatable is room; a cordon is a change of who serves the class, not room."""
+    c = cluster(nodes=[with_version(node("n1", {A10: 2}), 1)], classes=[gpu_class("a10")])
+    assert c.apply("Node", with_version(node("n1", {A10: 2}), 2)).room == frozenset()
+    grown = c.apply("Node", with_version(node("n1", {A10: 3}), 3))
+    assert (grown.room, grown.served) == ({"a10"}, frozenset())
+    cordoned = c.apply("Node", with_version(node("n1", {A10: 3}, unschedulable=True), 4))
+    assert (cordoned.room, cordoned.served) == (frozenset(), {"a10"})
 
 
 @settings(max_examples=60, deadline=None)
@@ -91,7 +88,7 @@ def test_pipelined_decisions_never_spend_a_unit_twice(counts: list[int], outcome
         outcome = place(c, [current])
         if isinstance(outcome, Placement):
             decided = transitions.bound(current, outcome.node, EPOCH)
-            inflight.append((decided, outcomes[i], c.assume_device(decided)))
+            inflight.append((decided, outcomes[i], c.assume_device(decided).token))
         check(c)
     rnd.shuffle(inflight)
     for decided, how, token in inflight:

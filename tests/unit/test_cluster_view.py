@@ -43,17 +43,18 @@ def test_open_requests_are_indexed_until_answered() -> None:
     assert c.open_request_ids() == []
 
 
-def test_capacity_generation_moves_when_units_may_have_freed() -> None:
-    """Freed units (device deleted or unbound) and node or class changes bump it; binding does not."""
-    c = cluster(nodes=[node("n1", {A10: 2})], classes=[gpu_class("a10")])
-    g0 = c.capacity_generation
-    c.upsert_device(device("a", phase="Bound", node_name="n1"))
-    assert c.capacity_generation == g0
-    c.remove_device("t1", "a")
-    g1 = c.capacity_generation
-    assert g1 > g0
-    c.upsert_node(node("n1", {A10: 4}))
-    assert c.capacity_generation > g1
+def test_room_is_named_only_where_units_were_freed_and_serving_where_a_node_started_serving() -> None:
+    """§5.5, §14.3: a Bound device deleted frees room for the classes its node serves; a waiting device
+    deleted or a bind frees none; a new node names the classes it serves, a node that serves nothing none."""
+    c = cluster(nodes=[node("n1", {A10: 2})], classes=[gpu_class("a10"), gpu_class("l40s", L40S)])
+    assert c.apply("GPUDevice", device("a", phase="Bound", node_name="n1")).room == frozenset()
+    assert c.apply("GPUDevice", device("w", phase="Pending")).room == frozenset()
+    assert c.apply("GPUDevice", device("w", phase="Pending"), deleted=True).room == frozenset()
+    assert c.apply("GPUDevice", device("a", phase="Bound", node_name="n1"), deleted=True).room == {"a10"}
+    added = c.apply("Node", node("n2", {L40S: 4}))
+    assert (added.room, added.served) == (frozenset(), {"l40s"})
+    down = c.apply("Node", node("n3", {A10: 1}, ready=False))
+    assert (down.room, down.served) == (frozenset(), frozenset())
 
 
 def test_a_change_names_every_node_it_touches() -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cozygpu.api.selectors import LabelSelector, Toleration, selector_matches
-from cozygpu.decisions.selectors import node_selector_matches, tolerates, untolerated
-from cozygpu.state.nodes import Taint
+from cozygpu.state.nodes import Taint, node_selector_matches, tolerates, untolerated
 
 
 def sel(**body: object) -> LabelSelector:

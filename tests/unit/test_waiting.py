@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cozygpu.api import GPUDevice
-from cozygpu.decisions.waiting import in_turn, lost, placeable
+from cozygpu.decisions.waiting import in_turn, lost
 from tests.builders import A10, EPOCH, cluster, device, gpu_class, node, request
 
 
@@ -13,34 +13,34 @@ def _dev(*args: object, **kwargs: object) -> GPUDevice:
 
 def test_a_pending_held_device_waits_for_a_node() -> None:
     """§5.5: a held device with no request is the binder's to place."""
-    assert placeable(_dev("a", phase="Pending"))
-    assert placeable(_dev("a"))
+    assert _dev("a", phase="Pending").awaits_node
+    assert _dev("a").awaits_node
 
 
 def test_a_device_in_an_open_request_is_answered_as_a_set_not_placed_alone() -> None:
     """§4: while a request is open its devices wait for the answer, not for a node of their own."""
-    assert not placeable(_dev("a", status=request("r1", "vm", ["a"], EPOCH)))
-    assert placeable(_dev("a", phase="Pending", status=request("r1", "vm", ["a"], EPOCH, result="Failed")))
+    assert not _dev("a", status=request("r1", "vm", ["a"], EPOCH)).awaits_node
+    assert _dev("a", phase="Pending", status=request("r1", "vm", ["a"], EPOCH, result="Failed")).awaits_node
 
 
 def test_a_new_template_device_belongs_to_its_admission() -> None:
     """A template device the webhook just created is placed by its VMI's request, never ahead of it."""
-    assert not placeable(_dev("vm-gpu-0", template=True))
-    assert placeable(_dev("vm-gpu-0", template=True, phase="Pending"))
+    assert not _dev("vm-gpu-0", template=True).awaits_node
+    assert _dev("vm-gpu-0", template=True, phase="Pending").awaits_node
 
 
 def test_a_lost_device_still_attached_waits_for_its_vmi_to_go() -> None:
     """§2: a Lost device attached to a VMI is not moved under it."""
     attached = {"attachedTo": {"vmi": "vm", "since": EPOCH.isoformat()}}
-    assert not placeable(_dev("a", phase="Lost", status=attached))
-    assert placeable(_dev("a", phase="Lost"))
+    assert not _dev("a", phase="Lost", status=attached).awaits_node
+    assert _dev("a", phase="Lost").awaits_node
 
 
 def test_a_device_being_deleted_is_not_placed() -> None:
     """Nothing is bound for a device on its way out."""
     body = device("a", phase="Pending")
     body["metadata"]["deletionTimestamp"] = EPOCH.isoformat()
-    assert not placeable(GPUDevice.from_wire(body))
+    assert not GPUDevice.from_wire(body).awaits_node
 
 
 def test_first_come_first_served_by_creation_then_first_sight_then_name() -> None:

@@ -125,3 +125,15 @@ class GPUDevice(Resource):
         if self.counts_against_budgets:
             return True
         return self.status.phase is None and self.metadata.labels.get(LABEL_TEMPLATE_DEVICE) != TRUE
+
+    @property
+    def awaits_node(self) -> bool:
+        """§5.5: the binder places it on its own, outside any bind request: not Bound, not on its way out,
+        in no open request (answered as a set, §4), not a template device its admission has not handed
+        over yet, and not Lost while still attached (§2: its VMI goes first)."""
+        request = self.status.bind_request
+        if self.holds_gpus or self.deleting or (request is not None and request.result is None):
+            return False
+        if self.status.phase is None and self.metadata.labels.get(LABEL_TEMPLATE_DEVICE) == TRUE:
+            return False
+        return not (self.status.phase is Phase.LOST and self.status.attached_to is not None)

@@ -32,8 +32,8 @@ from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.capacity import conflicts, held, matching_classes
 from cozygpu.decisions.pinning import pinned_spec
 from cozygpu.decisions.references import HeldRef, TemplateRef
-from cozygpu.decisions.selectors import node_selector_matches
 from cozygpu.state.cluster import Cluster
+from cozygpu.state.nodes import node_selector_matches
 
 # §3: a Succeeded request younger than the API server's request timeout is this
 # create's own (a reinvocation); an older one belongs to an earlier VMI of the name.

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cozygpu.api import GPUClass, GPUDevice
-from cozygpu.decisions.capacity import free, node_serves, served_classes, taken
+from cozygpu.decisions.capacity import free, node_serves, taken
 from cozygpu.state.cluster import Cluster
 from cozygpu.state.nodes import NodeInfo
 
@@ -44,24 +44,44 @@ def _needs(devices: Sequence[GPUDevice], classes: dict[str, GPUClass], node: str
     return dict(need)
 
 
+@dataclass(frozen=True)
+class _Miss:
+    """Why a node cannot take the set; `free` when it serves every class but has too few units."""
+
+    reason: str
+    free: int | None = None
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """The closest misses first: the most free units, then those that do not serve the classes."""
+        return (0, -self.free) if self.free is not None else (1, 0)
+
+
 def _evaluate(
     cluster: Cluster, node: NodeInfo, devices: Sequence[GPUDevice], classes: dict[str, GPUClass]
-) -> tuple[tuple[int, int, str], tuple[str, ...]] | str:
+) -> tuple[tuple[int, int, str], tuple[str, ...]] | _Miss:
     """The node's score (lower is better) and moves, or why it cannot take the set."""
-    served = served_classes(cluster, node)
-    for cls in {c.name: c for c in classes.values()}.values():
-        verdict = node_serves(cluster, node, cls, served)
+    for cls in classes.values():
+        verdict = node_serves(cluster, node, cls)
         if not verdict.ok:
-            return verdict.reason
+            return _Miss(verdict.reason)
     taken_units = taken(cluster, node.name)
     leftover = 0
     for resource, units in sorted(_needs(devices, classes, node.name).items()):
         available = free(node, taken_units, resource)
         if available < units:
-            return f"node {node.name} has {available} free of {resource}, needs {units}"
+            return _Miss(f"node {node.name} has {available} free of {resource}, needs {units}", available)
         leftover += available - units
     moves = tuple(d.name for d in devices if not (d.holds_gpus and d.status.node_name == node.name))
     return (len(moves), leftover, node.name), moves
+
+
+def _message(headline: str, shown: list[str], total: int, resources: set[str]) -> str:
+    """The headline, then the closest nodes' reasons and how many more fell short."""
+    if not total:
+        return headline + " (no node has " + ", ".join(sorted(resources)) + ")"
+    more = f"; and {total - len(shown)} more nodes" if total > len(shown) else ""
+    return f"{headline} ({'; '.join(shown)}{more})"
 
 
 def _headline(devices: Sequence[GPUDevice], classes: dict[str, GPUClass]) -> str:
@@ -90,21 +110,45 @@ def _classes(cluster: Cluster, devices: Sequence[GPUDevice]) -> dict[str, GPUCla
 def place(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlacement:
     """§5.2-5.3: the node needing the fewest moves, then the fullest after placing, then by name.
 
-    A set of new devices of one resource (every waiting device, most admissions) needs the same
-    moves anywhere, so the best node is the first that can take it in the view's best-fit order:
-    O(log n) in nodes. Gathers, sets of several resources, and the reasons why nothing fits
-    come from looking at every node that has the resources (`place_scanning`)."""
+    A set of new devices of one class (every waiting device, most admissions) needs the same moves
+    anywhere, so the best node is the first in the class's best-fit order, and that none fits is
+    known from the same order: O(log n) in nodes either way (§14.3), and the reason names the
+    closest nodes from the view's indexes. Sets of several classes of one resource walk the
+    resource's order; gathers and sets of several resources look at every node that has the
+    resources (`place_scanning`)."""
     classes = _classes(cluster, devices)
     if isinstance(classes, NoPlacement):
         return classes
     resources = {c.spec.resource_name for c in classes.values()}
     if len(resources) == 1 and not any(d.holds_gpus for d in devices):
         units = sum(d.spec.count for d in devices)
-        for name in cluster.best_fit(next(iter(resources)), units):
-            outcome = _evaluate(cluster, cluster.nodes[name], devices, classes)
-            if not isinstance(outcome, str):
-                return Placement(node=name, moves=outcome[1])
+        moves = tuple(d.name for d in devices)
+        if len(classes) == 1:
+            (cls,) = classes.values()
+            node = next(cluster.serving.best_fit(cls.name, units), None)
+            return Placement(node, moves) if node is not None else _unfit(cluster, cls, units, devices, classes)
+        wanted = set(classes)
+        # Every class shares the resource, so each class's order is by the same free units: walk the shortest.
+        fewest = min(wanted, key=lambda c: cluster.serving.counts(c)[0])
+        for name in cluster.serving.best_fit(fewest, units):
+            if wanted <= cluster.serving.serves(name):
+                return Placement(node=name, moves=moves)
     return place_scanning(cluster, devices)
+
+
+def _unfit(
+    cluster: Cluster, cls: GPUClass, units: int, devices: Sequence[GPUDevice], classes: dict[str, GPUClass]
+) -> NoPlacement:
+    """Why no node takes `units` of one class, from the indexes: the serving nodes with the most free
+    units, then the nodes with the resource that do not serve the class, by name (as `place_scanning`)."""
+    index, resource = cluster.serving, cls.spec.resource_name
+    shown = [
+        f"node {n} has {f} free of {resource}, needs {units}"
+        for f, n in index.fullest_first(cls.name, MAX_NODE_REASONS)
+    ]
+    for name in index.unserved(cls.name, MAX_NODE_REASONS - len(shown)):
+        shown.append(node_serves(cluster, cluster.nodes[name], cls).reason)
+    return NoPlacement(_message(_headline(devices, classes), shown, sum(index.counts(cls.name)), {resource}))
 
 
 def place_scanning(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlacement:
@@ -114,21 +158,15 @@ def place_scanning(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement 
         return classes
     resources = {c.spec.resource_name for c in classes.values()}
     best: tuple[tuple[int, int, str], tuple[str, ...]] | None = None
-    reasons: list[str] = []
+    misses: list[tuple[tuple[int, int], str, str]] = []
     for name in cluster.nodes_with(resources):  # a node without the resources is not worth a reason
         node = cluster.nodes[name]
         outcome = _evaluate(cluster, node, devices, classes)
-        if isinstance(outcome, str):
-            reasons.append(outcome)
+        if isinstance(outcome, _Miss):
+            misses.append((outcome.order, name, outcome.reason))
         elif best is None or outcome[0] < best[0]:
             best = outcome
     if best is not None:
         return Placement(node=best[0][2], moves=best[1])
-    message = _headline(devices, classes)
-    if reasons:
-        shown = "; ".join(reasons[:MAX_NODE_REASONS])
-        more = f"; and {len(reasons) - MAX_NODE_REASONS} more nodes" if len(reasons) > MAX_NODE_REASONS else ""
-        message += f" ({shown}{more})"
-    else:
-        message += " (no node has " + ", ".join(sorted(resources)) + ")"
-    return NoPlacement(message)
+    shown = [reason for _, _, reason in sorted(misses)[:MAX_NODE_REASONS]]
+    return NoPlacement(_message(_headline(devices, classes), shown, len(misses), resources))

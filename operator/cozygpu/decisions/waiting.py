@@ -7,30 +7,64 @@ timestamps have one-second precision), then by name.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import heapq
+from collections.abc import Iterable, Iterator
 
-from cozygpu.api import GPUDevice, Phase
-from cozygpu.api.names import LABEL_TEMPLATE_DEVICE, TRUE
-from cozygpu.state.cluster import Cluster
-
-
-def placeable(device: GPUDevice) -> bool:
-    """Whether the binder may place the device on its own, outside any bind request."""
-    request = device.status.bind_request
-    if device.deleting or (request is not None and request.result is None):
-        return False  # an open request is answered as a set (§4)
-    if device.status.phase is None and device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) == TRUE:
-        return False  # a template device belongs to its VMI's admission
-    # §2: a Lost device still attached waits until its VMI is gone.
-    return not (device.status.phase is Phase.LOST and device.status.attached_to is not None)
+from cozygpu.api import GPUDevice
+from cozygpu.state.cluster import Cluster, DeviceKey
 
 
 def in_turn(cluster: Cluster, devices: list[GPUDevice] | None = None) -> list[GPUDevice]:
     """The placeable ones among `devices` (every device not Bound if None, in the order the view keeps),
     first come first served (§5.5, `Cluster.turn`)."""
     if devices is None:
-        return [d for d in cluster.unbound_in_turn() if placeable(d)]
-    return sorted((d for d in devices if placeable(d)), key=cluster.turn)
+        return [d for d in cluster.unbound_in_turn() if d.awaits_node]
+    return sorted((d for d in devices if d.awaits_node), key=cluster.turn)
+
+
+def must_decide(cluster: Cluster, served: Iterable[str], fresh: Iterable[DeviceKey]) -> list[GPUDevice]:
+    """What a pass decides whatever the room, oldest first: the devices new or changed since the last pass
+    (`fresh`), and every waiting device of a class whose serving nodes changed (`served`): their reasons
+    read differently now."""
+    picked: dict[DeviceKey, GPUDevice] = {}
+    for cls in served:
+        picked.update(((d.namespace or "", d.name), d) for d in cluster.waiting(cls))
+    for key in fresh:
+        device = cluster.device(*key)
+        if device is not None and device.awaits_node:
+            picked[key] = device
+    return sorted(picked.values(), key=cluster.turn)
+
+
+def fits_now(cluster: Cluster, device: GPUDevice) -> bool:
+    """Whether some node serving the device's class has its units free: O(1) from the view's index."""
+    return 0 < device.spec.count <= cluster.serving.most_free(device.spec.class_name)
+
+
+def woken(cluster: Cluster, class_name: str) -> Iterator[GPUDevice]:
+    """The class's waiting devices that fit somewhere, in turn, looked at lazily: room for one device visits
+    about one, and a class whose room is spent ends the walk (§14.3)."""
+    after = None
+    while (most := cluster.serving.most_free(class_name)) > 0:
+        device = cluster.next_waiting(class_name, most, after)
+        if device is None:
+            return
+        after = cluster.turn(device)
+        yield device
+
+
+def to_decide(cluster: Cluster, musts: list[GPUDevice], room: Iterable[str]) -> Iterator[tuple[GPUDevice, bool]]:
+    """One pass's devices, oldest first (§5.5): `musts` (`must_decide`), then merged in turn the devices of the
+    classes that gained room and fit in it, each once. The flag says a device is there for room alone: decide
+    it only if it still `fits_now`. A backlog that cannot fit is never visited."""
+    streams = [((cluster.turn(d), False, d) for d in musts)]
+    streams += [((cluster.turn(d), True, d) for d in woken(cluster, cls)) for cls in sorted(room)]
+    seen: set[DeviceKey] = set()
+    for _, for_room, device in heapq.merge(*streams, key=lambda item: item[0]):
+        key = (device.namespace or "", device.name)
+        if key not in seen:
+            seen.add(key)
+            yield device, for_room
 
 
 def lost(cluster: Cluster) -> Iterator[tuple[GPUDevice, str]]:

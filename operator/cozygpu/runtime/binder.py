@@ -23,13 +23,16 @@ from cozygpu.decisions import transitions
 from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.placement import NoPlacement, Placement, place
 from cozygpu.decisions.requests import Answer, Wait, assess
-from cozygpu.decisions.waiting import in_turn, lost, placeable
+from cozygpu.decisions.waiting import fits_now, in_turn, lost, must_decide, to_decide
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
 
 log = structlog.get_logger("cozygpu.binder")
+
+# A pass hands the event loop back at least this often (§14.3): probes, watches and admissions go on.
+YIELD_EVERY = 0.002
 
 
 def _key(device: GPUDevice) -> DeviceKey:
@@ -57,11 +60,16 @@ class Binder:
         self._events = events
         self._metrics = metrics
         self._wake = asyncio.Event()
-        # Capacity generation at a device's last failed placement: retry only when it moves.
-        self._tried_at: dict[DeviceKey, int] = {}
-        # Devices with events since the last pass, and the generation of the last full pass.
+        # What the next pass decides (`waiting.to_decide`): devices with events since the last pass,
+        # classes that gained room, classes whose serving nodes changed; everything on the first pass.
         self._fresh: set[DeviceKey] = set()
-        self._passed_at = -1
+        self._room: set[str] = set()
+        self._served: set[str] = set()
+        self._first = True
+        # A bind request arrived: its admission waits, so the waiting room steps aside (§14.3).
+        self._asked = False
+        self._yielded = time.monotonic()
+        self.decided = 0  # placements decided outside requests, for the tests' and the metrics' counts
         # Writes in flight, bounded so decisions never run far ahead of the API, and to half the
         # client's pool: admissions, the accountant and the collector get the other half.
         self._in_flight = asyncio.Semaphore(max(1, concurrency // 2))
@@ -71,11 +79,27 @@ class Binder:
         self._wake.set()
 
     def changed(self, change: Change) -> None:
-        """A change in the view: a device may be new in the waiting room (decided on the next pass without a
-        full one), and anything may free room or answer a request."""
+        """A change in the view: a device may be new in the waiting room or carry a request, a class may have
+        gained room or serving nodes; only what it names is decided again."""
         if change.kind == "GPUDevice" and not change.deleted:
-            self._fresh.add((change.namespace, change.name))
+            key = (change.namespace, change.name)
+            self._fresh.add(key)
+            device = self._cluster.device(*key)
+            if (
+                device is not None
+                and device.status.bind_request is not None
+                and device.status.bind_request.result is None
+            ):
+                self._asked = True
+        self._room |= change.room
+        self._served |= change.served
         self._wake.set()
+
+    async def _breathe(self) -> None:
+        """Hand the event loop back when this task has held it for YIELD_EVERY."""
+        if time.monotonic() - self._yielded >= YIELD_EVERY:
+            await asyncio.sleep(0)
+            self._yielded = time.monotonic()
 
     async def run(self) -> None:
         """Decide until cancelled; called once the cluster view has synced. Cancelling it cancels
@@ -99,7 +123,9 @@ class Binder:
 
     async def step(self) -> bool:
         """One pass over everything undecided; True when a request is still being written."""
+        self._yielded = time.monotonic()
         await self._writer.recheck()
+        self._asked = False
         waiting = await self._answer_requests() or self._writer.doubtful
         await self._mark_lost()
         await self._place_waiting()
@@ -112,6 +138,7 @@ class Binder:
         ids = self._cluster.open_request_ids()
         ids.sort(key=self._requested_at)
         for request_id in ids:
+            await self._breathe()
             if any(self._cluster.assumed(*_key(d)) for d in self._cluster.devices_of_request(request_id)):
                 waiting = True  # a write of ours on one of its devices is still out: decide after it
                 continue
@@ -143,7 +170,10 @@ class Binder:
             else transitions.refused(d, request.id, outcome.message)
             for d in answer.devices
         ]
-        tokens = [self._cluster.assume_device(new) for new in news]
+        assumptions = [self._cluster.assume_device(new) for new in news]
+        tokens = [a.token for a in assumptions]
+        for assumption in assumptions:
+            self._room |= assumption.room  # a gather left room on the nodes it moved devices off
         self._spawn(self._write_answer(answer, news, tokens, time.monotonic()))
 
     def _spawn(self, write: Coroutine[Any, Any, None]) -> None:
@@ -204,6 +234,7 @@ class Binder:
         Derived from the view on every pass, not from the deletion event: a Lost write that
         lost a conflict (the collector writing the same device) is simply tried again."""
         for device, node in list(lost(self._cluster)):
+            await self._breathe()
             why = f"node {node} is gone"
             if await self._write(transitions.lost(device, why, self._clock())):
                 log.info("device.lost", namespace=device.namespace, device=device.name, node=node)
@@ -212,57 +243,68 @@ class Binder:
     async def _place_waiting(self) -> None:
         """§5.5 first come first served, with the writes pipelined (§13.1).
 
-        While capacity has not grown, a device that found no room still finds none, so a pass
-        decides only devices that are new since the last one; when capacity grew, every waiting
-        device, oldest first. Each decision is counted in the view at once (assumed) and written
-        in the background, up to the API concurrency; a write that fails puts the device back
-        in the view as the API has it, and it is decided again."""
-        generation = self._cluster.capacity_generation
-        if generation != self._passed_at:
-            self._passed_at = generation
-            self._fresh.clear()
-            waiting = in_turn(self._cluster)  # the order the view keeps: no sort of every waiting device
-            live = {_key(d) for d in waiting}
-            self._tried_at = {k: g for k, g in self._tried_at.items() if k in live}
+        A pass decides what the events since the last one could change (`waiting.to_decide`): a device
+        that found no room is not looked at again until room that fits it appears, so a backlog that
+        cannot be placed costs nothing per event (§14.3). Each decision is counted in the view at once
+        (assumed) and written in the background, up to the API concurrency; a write that fails puts the
+        device back in the view as the API has it, and it is decided again. The pass steps aside for
+        new bind requests and for room that appears meanwhile (oldest first again)."""
+        if self._first:
+            self._first = False
+            musts, room = in_turn(self._cluster), set()  # the order the view keeps: no sort of every device
         else:
-            fresh, self._fresh = self._fresh, set()
-            news = [d for k in fresh if (d := self._cluster.device(*k)) is not None and not d.holds_gpus]
-            waiting = in_turn(self._cluster, news)
-        for device in waiting:
-            if self._cluster.capacity_generation != generation:
-                # Room appeared while a write yielded: oldest first again, or a newer device takes it.
+            musts, room = must_decide(self._cluster, self._served, self._fresh), self._room - self._served
+        self._fresh, self._room, self._served = set(), set(), set()
+        decided = 0
+        for device, for_room in to_decide(self._cluster, musts, room):
+            await self._breathe()
+            if for_room and not fits_now(self._cluster, device):
+                continue  # room it was woken for went to an older device: no decision, no scan
+            # Each pass decides one device at least, so admissions arriving without end starve nothing.
+            aside = decided > 0 and self._stepping_aside()
+            if aside or not await self._decide(device, may_step_aside=decided > 0):
+                # A request waits, or room appeared: the rest is decided on the next pass, oldest first.
+                self._fresh.update(_key(d) for d in musts)
+                self._room |= room
                 self._wake.set()
                 return
-            await self._decide(device, generation)
+            decided += 1
 
-    async def _decide(self, device: GPUDevice, generation: int) -> None:
+    def _stepping_aside(self) -> bool:
+        return self._asked or bool(self._room)
+
+    async def _decide(self, device: GPUDevice, *, may_step_aside: bool) -> bool:
+        """Place one waiting device or say why it waits; False when it stepped aside before deciding."""
         key = _key(device)
         current = self._cluster.device(*key)
-        if current is None or self._cluster.assumed(*key) or not placeable(current):
-            return
-        if current.status.phase is not None and self._tried_at.get(key) == generation:
-            return
+        if current is None or self._cluster.assumed(*key) or not current.awaits_node:
+            return True
         # The slot first: nothing may change between the decision and its assumption in the view.
         await self._in_flight.acquire()
-        current = self._cluster.device(*key)
-        stale = self._cluster.capacity_generation != generation  # room appeared: the oldest decide first
-        if stale or current is None or self._cluster.assumed(*key) or not placeable(current):
+        if may_step_aside and self._stepping_aside():
             self._in_flight.release()
-            return
+            return False
+        current = self._cluster.device(*key)
+        if current is None or self._cluster.assumed(*key) or not current.awaits_node:
+            self._in_flight.release()
+            return True
         outcome = place(self._cluster, [current])
+        self.decided += 1
+        if self._metrics is not None:
+            self._metrics.decisions.labels("Bound" if isinstance(outcome, Placement) else "Pending").inc()
         if isinstance(outcome, Placement):
-            self._tried_at.pop(key, None)
             bound = transitions.bound(current, outcome.node, self._clock())
-            token = self._cluster.assume_device(bound)
-            self._spawn(self._bind(current, bound, outcome.node, token))
-            return
+            assumption = self._cluster.assume_device(bound)
+            self._room |= assumption.room
+            self._spawn(self._bind(current, bound, outcome.node, assumption.token))
+            return True
         self._in_flight.release()
         new = transitions.waiting(current, outcome.message, self._clock())
         if new != current and not await self._write(new):
-            return
-        self._tried_at[key] = generation
+            return True
         if current.status.phase is None or current.status.message != new.status.message:
             log.info("device.waiting", namespace=key[0], device=key[1], message=new.status.message)
+        return True
 
     async def _bind(self, before: GPUDevice, bound: GPUDevice, node: str, token: int) -> None:
         """The write of one assumed decision; its slot is given back when it is done."""

@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import Counter as Tally
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -39,6 +40,13 @@ class Metrics:
             "Time from a bind request being written to the binder's answer, by result.",
             ["result"],
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.decisions = Tally(
+            "cozygpu_binder_decisions_total",
+            "Placements the binder decided outside bind requests (§5.5), by result (Bound, Pending): a backlog"
+            " that cannot be placed adds nothing until room for it appears (§14.3).",
+            ["result"],
             registry=self.registry,
         )
         self.registry.register(ViewCollector(cluster))

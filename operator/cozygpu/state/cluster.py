@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import datetime as dt
+import heapq
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
@@ -25,6 +26,7 @@ from cozygpu.state.budgets import BudgetIndex
 from cozygpu.state.counts import add as _add
 from cozygpu.state.nodes import NodeInfo, node_info
 from cozygpu.state.pods import PodUsage, PodUse
+from cozygpu.state.serving import ServingIndex
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 DeviceKey = tuple[str, str]  # (namespace, name)
@@ -39,7 +41,9 @@ class Change:
 
     `stored` is False when the view ignored it (older than what it holds, a removed object's echo).
     `nodes` and `namespaces` name where derived status may differ now (GPUNode §8, budget use §9);
-    `all_nodes` when a class changed, since any node may serve it or stop serving it."""
+    `all_nodes` when a class changed, since any node may serve it or stop serving it. `room` names the
+    classes where a waiting device may fit now (units freed, a node started serving, §5.5); `served` the
+    classes whose serving nodes changed, so a waiting device's reason may read differently."""
 
     kind: str
     namespace: str
@@ -49,6 +53,17 @@ class Change:
     nodes: frozenset[str] = frozenset()
     namespaces: frozenset[str] = frozenset()
     all_nodes: bool = False
+    room: frozenset[str] = frozenset()
+    served: frozenset[str] = frozenset()
+
+
+@dataclasses.dataclass(frozen=True)
+class Assumption:
+    """A decision counted in the view before its write returns (`Cluster.assume_device`): its token for
+    `settle_device`, and the classes where it freed room (a gather moving a device off a node)."""
+
+    token: int
+    room: frozenset[str]
 
 
 def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
@@ -59,6 +74,7 @@ def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
 
 
 _LAST = dt.datetime.max.replace(tzinfo=dt.UTC)
+Turn = tuple[dt.datetime, int, str, str]  # §5.5: creation, first sight, namespace, name
 
 
 def _newer(stored: str | None, incoming: str | None) -> bool:
@@ -97,8 +113,14 @@ class Cluster:
         self._vmi_uids: set[str] = set()
         self.pods = PodUsage(tombstones)  # units pods hold per node: those the operator did not place (§1.3)
         # Devices not Bound, first come first served (§5.5), kept in order rather than sorted per pass.
-        self._turns: list[tuple[dt.datetime, int, str, str]] = []
-        self._turn_of: dict[DeviceKey, tuple[dt.datetime, int, str, str]] = {}
+        self._turns: list[Turn] = []
+        self._turn_of: dict[DeviceKey, Turn] = {}
+        # Devices the binder places on its own (`GPUDevice.awaits_node`) by class and count, each in turn:
+        # room for a class wakes only those of its devices that fit in it (§14.3).
+        self._waiting: dict[str, dict[int, list[Turn]]] = {}
+        self._waiting_at: dict[DeviceKey, tuple[str, int, Turn]] = {}
+        # Per class, the nodes serving it by free units, and the others with its resource (§5.1, §5.3).
+        self._serving = ServingIndex()
         # Units of Bound devices per node and resource, each device as it was counted, and every
         # resource's nodes ordered by free units: best fit without scanning the nodes.
         self._held_res: dict[str, dict[str, int]] = {}
@@ -121,13 +143,13 @@ class Cluster:
         self.gpunodes: dict[str, GPUNode] = {}
         # KubeVirt CRs by (namespace, name): the resource names each permits (§1.5); None: no table set.
         self.kubevirts: dict[DeviceKey, set[str] | None] = {}
-        # Bumped whenever capacity may have grown: waiting devices are retried then.
-        self.capacity_generation = 0
         # What the change being applied touched; `apply` hands it out as a `Change`.
         self._nodes_touched: set[str] = set()
         self._namespaces_touched: set[str] = set()
         self._all_nodes = False
         self._changed = False
+        self._room: set[str] = set()
+        self._served: set[str] = set()
         # kind -> (store a body, forget by (namespace, name) and the removal's version)
         self._apply: dict[str, tuple[Callable[[dict[str, Any]], object], Callable[[str, str, str | None], None]]] = {
             "GPUDevice": (self.upsert_device, self.remove_device),
@@ -148,8 +170,7 @@ class Cluster:
         `deleted` (its resourceVersion, if any, is the removal's); says what changed."""
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace") or "", meta.get("name") or ""
-        self._nodes_touched, self._namespaces_touched, self._all_nodes = set(), set(), False
-        self._changed = False
+        self._begin()
         upsert, remove = self._apply[kind]
         if deleted:
             remove(namespace, name, meta.get("resourceVersion"))
@@ -158,7 +179,13 @@ class Cluster:
         return Change(
             kind, namespace, name, deleted, self._changed,
             frozenset(self._nodes_touched), frozenset(self._namespaces_touched), self._all_nodes,
+            frozenset(self._room), frozenset(self._served),
         )  # fmt: skip
+
+    def _begin(self) -> None:
+        self._nodes_touched, self._namespaces_touched, self._all_nodes = set(), set(), False
+        self._changed = False
+        self._room, self._served = set(), set()
 
     # -- devices -----------------------------------------------------------
 
@@ -176,15 +203,16 @@ class Cluster:
             return old  # the version a decision in flight was made on: the decision stands
         return self._store(key, old, device)
 
-    def assume_device(self, device: GPUDevice) -> int:
+    def assume_device(self, device: GPUDevice) -> Assumption:
         """Count a decision whose write is in flight (§13.1): stored now, and no event of the version it
         was decided on (a resync's list, a late echo) can undo it until `settle_device` with the token
         returned here."""
         key = (device.namespace or "", device.name)
+        self._begin()
         self._assumptions += 1
         self._assumed[key] = (version(device.metadata.resource_version), self._assumptions)
         self._store(key, self.devices.get(key), device)
-        return self._assumptions
+        return Assumption(self._assumptions, frozenset(self._room))
 
     def settle_device(self, namespace: str, name: str, token: int) -> bool:
         """The write of assumption `token` is done (or failed): the API's answer, or a fresh read, counts from
@@ -201,8 +229,6 @@ class Cluster:
     def _store(self, key: DeviceKey, old: GPUDevice | None, device: GPUDevice) -> GPUDevice:
         if old is not None:
             self._unindex(key, old)
-            if old.holds_gpus and not (device.holds_gpus and device.status.node_name == old.status.node_name):
-                self.capacity_generation += 1
         if key not in self._arrival:
             self._arrivals += 1
             self._arrival[key] = self._arrivals
@@ -221,7 +247,6 @@ class Cluster:
         if old is not None:
             self._unindex(key, old)
             self._touch(old, None)
-            self.capacity_generation += 1
 
     def _touch(self, old: GPUDevice | None, new: GPUDevice | None) -> None:
         self._changed = True
@@ -253,6 +278,10 @@ class Cluster:
             turn = self.turn(device)
             bisect.insort(self._turns, turn)
             self._turn_of[key] = turn
+            if device.awaits_node:
+                class_name, count = device.spec.class_name, device.spec.count
+                bisect.insort(self._waiting.setdefault(class_name, {}).setdefault(count, []), turn)
+                self._waiting_at[key] = (class_name, count, turn)
         if device.in_use:
             _add(self._use.setdefault(key[0], {}), device.spec.class_name, device.spec.count)
             self._budgets.add_use(key[0], device.spec.class_name, device.spec.count)
@@ -261,6 +290,16 @@ class Cluster:
         turn = self._turn_of.pop(key, None)
         if turn is not None:
             del self._turns[bisect.bisect_left(self._turns, turn)]
+        waiting = self._waiting_at.pop(key, None)
+        if waiting is not None:
+            class_name, count, turn = waiting
+            of_class = self._waiting[class_name]
+            in_line = of_class[count]
+            del in_line[bisect.bisect_left(in_line, turn)]
+            if not in_line:
+                del of_class[count]
+                if not of_class:
+                    del self._waiting[class_name]
         if device.in_use:
             use = self._use[key[0]]
             _add(use, device.spec.class_name, -device.spec.count)
@@ -290,7 +329,7 @@ class Cluster:
     def arrival(self, namespace: str, name: str) -> int:
         return self._arrival.get((namespace, name), 0)
 
-    def turn(self, device: GPUDevice) -> tuple[dt.datetime, int, str, str]:
+    def turn(self, device: GPUDevice) -> Turn:
         """§5.5 first come first served: by creation, then by when the view first saw it (creation times have
         one-second precision), then by name; a device without a creation time (never from the API) last."""
         namespace = device.namespace or ""
@@ -348,6 +387,8 @@ class Cluster:
             now = info.free(resource, taken)
             bisect.insort(order, (now, node))
             self._free_at[(resource, node)] = now
+            if now != old:
+                self._room |= self._serving.free(node, resource, now)
         if not order:
             del self._by_free[resource]
 
@@ -455,6 +496,30 @@ class Cluster:
         """Ids of bind requests that some device carries without a result."""
         return list(self._open_requests)
 
+    def waiting(self, class_name: str, most: int | None = None) -> list[GPUDevice]:
+        """The class's devices the binder places on its own (`GPUDevice.awaits_node`) that ask for at most
+        `most` units (every one if None), first come first served: the few that room can wake (§14.3)."""
+        of_class = self._waiting.get(class_name, {})
+        lines = [line for count, line in of_class.items() if most is None or count <= most]
+        return [self.devices[(t[2], t[3])] for t in heapq.merge(*lines)]
+
+    def next_waiting(self, class_name: str, most: int, after: Turn | None) -> GPUDevice | None:
+        """The class's first device in turn after `after` that awaits a node and asks for at most `most`
+        units: a cursor over the waiting room that devices placed or arriving meanwhile do not upset."""
+        best: Turn | None = None
+        for count, line in self._waiting.get(class_name, {}).items():
+            if count > most:
+                continue
+            at = 0 if after is None else bisect.bisect_right(line, after)
+            if at < len(line) and (best is None or line[at] < best):
+                best = line[at]
+        return None if best is None else self.devices[(best[2], best[3])]
+
+    @property
+    def serving(self) -> ServingIndex:
+        """Per class, the nodes that serve it by free units (`state.serving`); read-only outside the view."""
+        return self._serving
+
     def unbound_in_turn(self) -> list[GPUDevice]:
         """Devices not Bound, first come first served (`turn`), from the order kept as they change."""
         return [self.devices[(t[2], t[3])] for t in self._turns]
@@ -514,8 +579,6 @@ class Cluster:
             return
         for resource in set(now) | set(before):
             self._reorder(node, resource)
-        if any(now.get(r, 0) < n for r, n in before.items()):
-            self.capacity_generation += 1
 
     # -- the rest ----------------------------------------------------------
 
@@ -543,19 +606,32 @@ class Cluster:
         old = self.classes.get(cls.name)
         if old is None or _newer(old.metadata.resource_version, cls.metadata.resource_version):
             self.classes[cls.name] = cls
+            self._changed = True
+            if old is not None and old.spec == cls.spec:
+                return  # a re-delivered event or a metadata edit: nothing a decision reads
             if old is None or old.spec.resource_name != cls.spec.resource_name:
                 self._recount_class(cls.name)
-            self.capacity_generation += 1
-            self._all_nodes = self._changed = True
+            self._all_nodes = True
             self._recount_unmanaged_everywhere()
+            self._reserve()
 
     def remove_class(self, name: str, resource_version: str | None = None) -> None:
         old = self.classes.pop(name, None)
         self._bury("GPUClass", name, resource_version, old.metadata.resource_version if old else None)
         self._recount_class(name)
-        self.capacity_generation += 1
         self._all_nodes, self._changed = True, old is not None
         self._recount_unmanaged_everywhere()
+        if old is not None:
+            self._reserve()
+
+    def _reserve(self) -> None:
+        """A class changed: which node serves what is judged anew everywhere; every class may read anew."""
+        every = self._serving.rebuild(self.nodes.values(), self.classes, self._free_units)
+        self._room |= every
+        self._served |= every
+
+    def _free_units(self, node: str, resource: str) -> int:
+        return self._free_at.get((resource, node), 0)
 
     def _recount_unmanaged_everywhere(self) -> None:
         """A class changed: which resource a set holds may have too (few nodes: those with such pods)."""
@@ -596,7 +672,7 @@ class Cluster:
             self._reorder(node.name, resource)
         # A status heartbeat or a resync's list changes nothing a decision reads: no retry for it.
         if old is None or dataclasses.replace(old, resource_version=node.resource_version) != node:
-            self.capacity_generation += 1
+            self._served |= self._serving.node(old, node, self.classes, self._free_units)
             self._nodes_touched.add(node.name)
         return node
 
@@ -618,9 +694,9 @@ class Cluster:
         self._unindex_node(old)
         if name in self._by_node:
             self._gone_nodes.add(name)
+        self._served |= self._serving.node(old, None, self.classes, self._free_units)
         for resource in old.allocatable if old else ():
             self._reorder(name, resource)
-        self.capacity_generation += 1
         self._nodes_touched.add(name)
         self._changed = old is not None
 

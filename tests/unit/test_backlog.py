@@ -1,0 +1,231 @@
+"""A waiting room whose cost per event does not grow with it (§5.5, §14.3).
+
+The binder's pass without its I/O: `waiting.to_decide` picks what an event could change,
+`place` decides each, and each decision lands in the view as the binder's write would.
+Counted: decisions per pass and the nodes looked at per decision. Checked against the
+rule: the view's serving index equals a recount, and after every event nothing a full
+pass would place is left waiting.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cozygpu.api import GPUDevice
+from cozygpu.decisions import transitions
+from cozygpu.decisions.placement import Placement, place, place_scanning
+from cozygpu.decisions.waiting import fits_now, in_turn, must_decide, to_decide
+from cozygpu.state import serving
+from cozygpu.state.cluster import Change, Cluster, DeviceKey
+from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class, node, pod, rv
+
+
+class CountingNodes(dict[str, Any]):
+    """The view's nodes, counting every node a decision looks at."""
+
+    visits = 0
+
+    def __getitem__(self, key: str) -> Any:
+        CountingNodes.visits += 1
+        return super().__getitem__(key)
+
+
+class Binder:
+    """The binder's bookkeeping and pass, with every write landing at once as a newer version."""
+
+    def __init__(self, c: Cluster) -> None:
+        self.c = c
+        self.c.nodes = CountingNodes(c.nodes)
+        self.room: set[str] = set()
+        self.served: set[str] = set()
+        self.fresh: set[DeviceKey] = set()
+        self.first = True
+
+    def apply(self, kind: str, body: dict[str, Any], *, deleted: bool = False) -> Change:
+        change = self.c.apply(kind, body, deleted=deleted)
+        if change.stored:
+            if kind == "GPUDevice" and not deleted:
+                self.fresh.add((change.namespace, change.name))
+            self.room |= change.room
+            self.served |= change.served
+        return change
+
+    def one_pass(self) -> tuple[int, int]:
+        """(decisions, most nodes one decision looked at)."""
+        if self.first:
+            musts, room, self.first = in_turn(self.c), set(), False
+        else:
+            musts, room = must_decide(self.c, self.served, self.fresh), self.room - self.served
+        self.room, self.served, self.fresh = set(), set(), set()
+        decisions = most = 0
+        for d, for_room in to_decide(self.c, musts, room):
+            if for_room and not fits_now(self.c, d):
+                continue
+            current = self.c.device(d.namespace or "", d.name)
+            if current is None or not current.awaits_node:
+                continue
+            CountingNodes.visits = 0
+            outcome = place(self.c, [current])
+            decisions, most = decisions + 1, max(most, CountingNodes.visits)
+            new = (
+                transitions.bound(current, outcome.node, EPOCH)
+                if isinstance(outcome, Placement)
+                else transitions.waiting(current, outcome.message, EPOCH)
+            )
+            if new != current:
+                body = new.wire()
+                body["metadata"]["resourceVersion"] = rv()
+                self.apply("GPUDevice", body)
+        return decisions, most
+
+    def settle(self) -> list[tuple[int, int]]:
+        """Passes until nothing is left to decide, as the binder's loop runs them."""
+        passes = [self.one_pass()]
+        while self.room or self.served or self.fresh:
+            passes.append(self.one_pass())
+            assert len(passes) < 50, "the passes never settle"
+        return passes
+
+
+def backlog_cloud(nodes: int, backlog: int) -> Binder:
+    """A cloud of full-ish nodes and a backlog of devices whose class no node serves."""
+    c = cluster(
+        nodes=[node(f"n{i:04}", {A10: 8}) for i in range(nodes)],
+        classes=[gpu_class("a10"), gpu_class("nowhere", nodeSelector={"pool": "none"})],
+        devices=[device(f"w{i:04}", "nowhere", namespace="a", created=i) for i in range(backlog)],
+    )
+    b = Binder(c)
+    b.settle()
+    return b
+
+
+def test_a_backlog_no_node_serves_is_never_visited_by_another_tenants_churn() -> None:
+    """§14.3: creating, binding and deleting one placeable device, again and again, decides that device alone;
+    the 300 devices waiting for a class no node serves are not looked at, and no decision scans the nodes."""
+    b = backlog_cloud(nodes=200, backlog=300)
+    assert all(d.status.phase is not None for d in b.c.devices.values())
+    for i in range(30):
+        b.apply("GPUDevice", device(f"churn-{i}", namespace="a", created=10_000 + i))
+        passes = b.settle()
+        assert sum(n for n, _ in passes) == 1 and max(m for _, m in passes) == 0
+        bound = b.c.device("a", f"churn-{i}")
+        assert bound is not None and bound.holds_gpus
+        b.apply("GPUDevice", bound.wire(), deleted=True)
+        passes = b.settle()
+        assert sum(n for n, _ in passes) == 0
+
+
+def test_an_unplaceable_device_is_found_so_without_a_scan() -> None:
+    """§14.3: a new device no node can take costs the reasons shown, not a look at every node; its message is
+    the one a scan of every node writes."""
+    b = backlog_cloud(nodes=500, backlog=0)
+    b.apply("GPUDevice", device("big", count=9, namespace="a"))
+    b.apply("GPUDevice", device("stray", "nowhere", namespace="a"))
+    passes = b.settle()
+    assert sum(n for n, _ in passes) == 4  # each decided, and once more on its own waiting write's echo
+    assert max(m for _, m in passes) <= 4
+    for name in ("big", "stray"):
+        d = b.c.device("a", name)
+        assert d is not None
+        assert d.status.message == place_scanning(b.c, [d]).message  # type: ignore[union-attr]
+
+
+def test_freed_units_wake_the_oldest_device_that_fits_and_no_more() -> None:
+    """§5.5: a full pool with 100 one-unit devices waiting: a freed unit goes to the oldest, and the pass
+    decides just that one; the rest keep waiting without being looked at."""
+    c = cluster(
+        nodes=[node("n1", {A10: 2})],
+        classes=[gpu_class("a10")],
+        devices=[device("h0", phase="Bound", node_name="n1"), device("h1", phase="Bound", node_name="n1")]
+        + [device(f"w{i:03}", created=i + 1) for i in range(100)],
+    )
+    b = Binder(c)
+    b.settle()
+    gone = c.device("t1", "h0")
+    assert gone is not None
+    b.apply("GPUDevice", gone.wire(), deleted=True)
+    decisions = sum(n for n, _ in b.settle())
+    assert decisions == 1
+    placed = c.device("t1", "w000")
+    assert placed is not None and placed.holds_gpus
+    assert [d.name for d in in_turn(c)][:1] == ["w001"]
+
+
+def check_index(c: Cluster) -> None:
+    """The serving index equals the rule applied to every node now."""
+    for cls in c.classes.values():
+        name, resource = cls.name, cls.spec.resource_name
+        serves = {n for n, info in c.nodes.items() if name in serving.serving(info, c.classes.values())}
+        free = [(c.nodes[n].free(resource, c.taken_units(n).get(resource, 0)), n) for n in serves]
+        assert c.serving.fullest_first(name, 10_000) == sorted(free, key=lambda x: (-x[0], x[1]))
+        others = sorted(n for n, info in c.nodes.items() if resource in info.allocatable and n not in serves)
+        assert c.serving.unserved(name, 10_000) == others
+        assert c.serving.counts(name) == (len(serves), len(others))
+
+
+NODES = [f"n{i}" for i in range(5)]
+CLASSES = {"a10": A10, "zoned": A10, "l40s": L40S}
+
+
+def random_event(b: Binder, rnd: random.Random, step: int) -> None:
+    c = b.c
+    what = rnd.choice(["node", "node", "node-gone", "device", "device", "device", "delete", "class", "pod"])
+    if what == "node":
+        labels = {"zone": rnd.choice(["x", "y"])}
+        gpus = {rnd.choice([A10, L40S]): rnd.randint(0, 4)}
+        b.apply("Node", node(rnd.choice(NODES), gpus, labels=labels, ready=rnd.random() > 0.2,
+                             unschedulable=rnd.random() < 0.2))  # fmt: skip
+    elif what == "node-gone" and c.nodes:
+        b.apply("Node", {"metadata": {"name": rnd.choice(sorted(c.nodes))}}, deleted=True)
+    elif what == "device":
+        b.apply("GPUDevice", device(f"d{step}", rnd.choice(sorted(CLASSES)), rnd.randint(1, 3), created=step))
+    elif what == "delete" and c.devices:
+        gone = c.devices[rnd.choice(sorted(c.devices))]
+        b.apply("GPUDevice", gone.wire(), deleted=True)
+    elif what == "class":
+        zone = rnd.choice(["x", "y", None])
+        b.apply("GPUClass", gpu_class("zoned", A10, rnd.choice(["passthrough", "vgpu"]),
+                                      **({"nodeSelector": {"zone": zone}} if zone else {})))  # fmt: skip
+    elif what == "pod" and c.nodes:
+        b.apply("Pod", pod("job", {A10: rnd.randint(0, 2)}, node=rnd.choice(sorted(c.nodes)),
+                           phase=rnd.choice(["Running", "Succeeded"])))  # fmt: skip
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**32 - 1))
+def test_after_any_events_the_index_holds_and_nothing_placeable_is_left_waiting(seed: int) -> None:
+    """Random nodes, classes, pods and devices coming and going: after each event's passes the serving index
+    equals the rule, every waiting device has been decided, and none of them fits anywhere (a full scan
+    agrees: the passes that skip what cannot fit miss nothing that can)."""
+    rnd = random.Random(seed)
+    b = Binder(cluster(classes=[gpu_class(n, r) for n, r in CLASSES.items()]))
+    b.settle()
+    for step in range(40):
+        random_event(b, rnd, step)
+        b.settle()
+        check_index(b.c)
+        for d in list(b.c.devices.values()):
+            if d.awaits_node:
+                assert d.status.phase is not None, d.name
+                assert not isinstance(place_scanning(b.c, [d]), Placement), d.name
+
+
+def test_waiting_devices_by_class_and_size_are_what_the_view_holds() -> None:
+    """`Cluster.waiting` lists the class's devices that await a node, in turn, up to a size."""
+    c = cluster(
+        classes=[gpu_class("a10")],
+        devices=[
+            device("a", count=2, created=2),
+            device("b", created=1),
+            device("c", count=3, created=0),
+            device("t", template=True),
+            device("h", phase="Bound", node_name="n1"),
+        ],
+    )
+    assert [d.name for d in c.waiting("a10")] == ["c", "b", "a"]
+    assert [d.name for d in c.waiting("a10", 2)] == ["b", "a"]
+    assert all(isinstance(d, GPUDevice) for d in c.waiting("a10"))
