@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import heapq
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -66,6 +67,9 @@ class Binder:
         self._room: set[str] = set()
         self._served: set[str] = set()
         self._first = True
+        # What a pass that stepped aside had left, in turn; the classes it found no room for so far.
+        self._rest: list[GPUDevice] = []
+        self._passed_over: set[str] = set()
         # A bind request arrived: its admission waits, so the waiting room steps aside (§14.3).
         self._asked = False
         self._yielded = time.monotonic()
@@ -247,31 +251,38 @@ class Binder:
         that found no room is not looked at again until room that fits it appears, so a backlog that
         cannot be placed costs nothing per event (§14.3). Each decision is counted in the view at once
         (assumed) and written in the background, up to the API concurrency; a write that fails puts the
-        device back in the view as the API has it, and it is decided again. The pass steps aside for
-        new bind requests and for room that appears meanwhile (oldest first again)."""
+        device back in the view as the API has it, and it is decided again. The pass steps aside for new
+        bind requests, and for room that an older device it found no place for could use; what it had
+        left is decided first on the next pass, in the order it had, without sorting it again."""
         if self._first:
             self._first = False
             musts, room = in_turn(self._cluster), set()  # the order the view keeps: no sort of every device
         else:
-            musts, room = must_decide(self._cluster, self._served, self._fresh), self._room - self._served
-        self._fresh, self._room, self._served = set(), set(), set()
-        decided = 0
+            musts = must_decide(self._cluster, self._served, self._fresh)
+            if self._rest:
+                musts = list(heapq.merge(self._rest, musts, key=self._cluster.turn))
+            room = self._room - self._served
+        self._fresh, self._room, self._served, self._rest = set(), set(), set(), []
+        self._passed_over.clear()
+        decided, at = 0, 0
         for device, for_room in to_decide(self._cluster, musts, room):
+            if not for_room:
+                at += 1
             await self._breathe()
             if for_room and not fits_now(self._cluster, device):
                 continue  # room it was woken for went to an older device: no decision, no scan
             # Each pass decides one device at least, so admissions arriving without end starve nothing.
             aside = decided > 0 and self._stepping_aside()
             if aside or not await self._decide(device, may_step_aside=decided > 0):
-                # A request waits, or room appeared: the rest is decided on the next pass, oldest first.
-                self._fresh.update(_key(d) for d in musts)
+                self._rest = musts[at - 1 :] if not for_room else musts[at:]
                 self._room |= room
                 self._wake.set()
                 return
             decided += 1
 
     def _stepping_aside(self) -> bool:
-        return self._asked or bool(self._room)
+        """A request waits for its answer, or room appeared that a device passed over in this pass could use."""
+        return self._asked or not self._room.isdisjoint(self._passed_over)
 
     async def _decide(self, device: GPUDevice, *, may_step_aside: bool) -> bool:
         """Place one waiting device or say why it waits; False when it stepped aside before deciding."""
@@ -299,6 +310,7 @@ class Binder:
             self._spawn(self._bind(current, bound, outcome.node, assumption.token))
             return True
         self._in_flight.release()
+        self._passed_over.add(current.spec.class_name)
         new = transitions.waiting(current, outcome.message, self._clock())
         if new != current and not await self._write(new):
             return True
