@@ -16,10 +16,7 @@ from cozygpu.api.meta import (
     Resource,
     Time,
 )
-from cozygpu.api.names import LABEL_TEMPLATE_DEVICE, TRUE
-
-# Object names as Kubernetes checks them (DNS-1123 subdomain).
-OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+from cozygpu.api.names import LABEL_TEMPLATE_DEVICE, OBJECT_NAME_PATTERN, TRUE
 
 IMMUTABLE = "self == oldSelf"
 

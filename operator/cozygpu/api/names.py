@@ -6,6 +6,8 @@ imports it from here, so the wire contract is spelled exactly once.
 
 from __future__ import annotations
 
+import re
+
 GROUP = "gpu.cozystack.io"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -41,6 +43,15 @@ CONDITION_OVER_BUDGET = "OverBudget"
 CONDITION_PLACED = "Placed"
 
 GPU_ENTRY_PREFIX = "gpudev"
+
+
+# Object names as Kubernetes checks them (DNS-1123 subdomain).
+OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+OBJECT_NAME_MAX = 253
+
+
+def is_object_name(name: str) -> bool:
+    return len(name) <= OBJECT_NAME_MAX and re.fullmatch(OBJECT_NAME_PATTERN, name) is not None
 
 
 def template_device_name(vmi: str, index: int) -> str:

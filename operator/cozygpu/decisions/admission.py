@@ -26,6 +26,7 @@ from cozygpu.api.names import (
     LABEL_TEMPLATE_DEVICE,
     TRUE,
     gpu_entry_name,
+    is_object_name,
     template_device_name,
 )
 from cozygpu.decisions.budgets import Order
@@ -119,6 +120,11 @@ def check_template(
     """§3.4 for one template reference; an existing matching device of this VMI is reused."""
     name = template_device_name(vmi, index)
     create = device is None
+    if not is_object_name(name):
+        # The API server checks the VMI's own name only after the mutating webhooks (its create strategy).
+        return (
+            f"deviceTemplate {index}: GPUDevice name {_short(name)} made from the VMI's name is not a valid object name"
+        )
     if device is None:
         device = GPUDevice(
             api_version=API_VERSION,
@@ -145,6 +151,10 @@ def check_template(
     if cls.deleting and not device.holds_gpus:
         return f"deviceTemplate {index}: GPUClass {ref.class_name} is being deleted and takes no new orders"
     return Member(device, cls, index, template=True, create=create)
+
+
+def _short(text: str, most: int = 80) -> str:
+    return text if len(text) <= most else f"{text[:most]}... ({len(text)} characters)"
 
 
 def duplicates(members: Sequence[Member]) -> str | None:

@@ -7,15 +7,10 @@ what is wrong with it; nothing here raises anything else, whatever the input.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
-from cozygpu.api.gpudevice import OBJECT_NAME_PATTERN
-from cozygpu.api.names import ANNOTATION_DEVICES
-
-_NAME = re.compile(OBJECT_NAME_PATTERN)
-MAX_NAME = 253
+from cozygpu.api.names import ANNOTATION_DEVICES, is_object_name
 
 
 class ReferenceError(ValueError):
@@ -41,7 +36,7 @@ Ref = HeldRef | TemplateRef
 
 
 def valid_name(value: Any) -> bool:
-    return isinstance(value, str) and len(value) <= MAX_NAME and _NAME.match(value) is not None
+    return isinstance(value, str) and is_object_name(value)
 
 
 def _entry(index: int, raw: Any) -> Ref:

@@ -35,13 +35,17 @@ class Validation:
     ) -> None:
         if operation == "CREATE" and new is not None:
             device = GPUDevice.from_wire(new)
+            namespace, held = device.namespace or "", LABEL_TEMPLATE_DEVICE not in device.metadata.labels
             async with self._reservations.lock:  # one held-device order at a time (§7.4)
                 problem = validation.device_create(
                     self._cluster, device, user, self.operator_user, self._reservations.orders()
                 )
-                if problem is None and not dry_run and LABEL_TEMPLATE_DEVICE not in device.metadata.labels:
-                    order = Order(device.namespace or "", device.spec.class_name, device.spec.count, device.name)
-                    self._reservations.add(device.namespace or "", device.name, order)
+                if problem is None and held and self._taken(namespace, device.name):
+                    # The API server would answer AlreadyExists after admission: its order must not count.
+                    problem = f"GPUDevice {device.name} already exists in namespace {namespace}, or is being created"
+                if problem is None and not dry_run and held:
+                    order = Order(namespace, device.spec.class_name, device.spec.count, device.name)
+                    self._reservations.add(namespace, device.name, order)
         elif operation == "UPDATE" and new is not None and old is not None:
             problem = validation.device_update(
                 GPUDevice.from_wire(old), GPUDevice.from_wire(new), user, self.operator_user
@@ -49,6 +53,9 @@ class Validation:
         else:
             return
         self._answer("gpudevice", new or old or {}, problem)
+
+    def _taken(self, namespace: str, name: str) -> bool:
+        return self._reservations.holds(namespace, name) or self._cluster.device(namespace, name) is not None
 
     def gpu_class(self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
         if operation != "UPDATE" or new is None or old is None:

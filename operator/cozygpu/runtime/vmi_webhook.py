@@ -112,6 +112,10 @@ class VMIAdmission:
             refs = references.parse(vmi["metadata"].get("annotations"), self._max_devices)
         except references.ReferenceError as e:
             raise Refusal(str(e)) from None
+        if await self._vmi_named(namespace, name):
+            # §14.2: the API server answers AlreadyExists only after admission; whatever this call wrote would
+            # stay, attaching devices to the running VMI and moving its set under its guest.
+            raise Refusal(f"VMI {name} already exists in namespace {namespace}: a create of its name is not a new VMI")
         members = await self._resolve(namespace, name, refs)
         problem = (
             admission.duplicates(members)
@@ -253,6 +257,14 @@ class VMIAdmission:
                 writes.attached.append(device.name)
             return
         raise Refusal(f"GPUDevice {device.name} kept changing while being attached; KubeVirt retries the start")
+
+    async def _vmi_named(self, namespace: str, name: str) -> bool:
+        """Whether a VMI of this name exists, fresh from the API: the view may not have heard of its creation,
+        or of its deletion (a restart creates the name again at once)."""
+        try:
+            return await self._kube.get_or_none(kinds.VMI, name, namespace) is not None
+        except ApiError as e:
+            raise InternalError(f"reading VirtualMachineInstance {namespace}/{name}: {e.message}") from None
 
     async def _vmi_exists(self, namespace: str, name: str, uid: str) -> bool:
         """Fresh from the API: the view may not have heard of the deletion yet, which is the race."""

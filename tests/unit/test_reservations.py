@@ -1,0 +1,52 @@
+"""Orders admitted before the view sees them (§7.4) add up, and a duplicate name never counts (§14)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cozygpu.runtime.reservations import Reservations
+from cozygpu.runtime.validation import Denied, Validation
+from tests.builders import A10, budget, cluster, device, gpu_class, node
+
+TENANT = "system:serviceaccount:t1:tenant"
+
+
+def create(v: Validation, name: str, count: int) -> str | None:
+    """The GPUDevice webhook's answer to a create: None when admitted, else the denial."""
+    try:
+        asyncio.run(v.device("CREATE", device(name, count=count), None, TENANT, dry_run=False))
+    except Denied as e:
+        return str(e)
+    return None
+
+
+def test_a_duplicate_create_in_flight_cannot_shrink_the_first_ones_reservation() -> None:
+    """§14: with `total: 4`, creating `a` (3), `a` again (1) and `b` (3) before the view sees any: the second
+    `a` is refused (the API server would turn it away after admission), so `b` meets the 3 units `a` holds."""
+    v = Validation(cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
+                           budgets=[budget("b", "t1", total=4)]), Reservations(ttl=30))  # fmt: skip
+    assert create(v, "a", 3) is None
+    assert create(v, "a", 1) == "GPUDevice a already exists in namespace t1, or is being created"
+    refusal = create(v, "b", 3)
+    assert refusal is not None and "budget" in refusal.lower()
+
+
+def test_a_create_of_a_name_the_view_holds_reserves_nothing() -> None:
+    """A create of a device that exists is refused before it reserves: no phantom order against the budget."""
+    reservations = Reservations(ttl=30)
+    v = Validation(cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
+                           devices=[device("a", phase="Pending")]), reservations)  # fmt: skip
+    assert create(v, "a", 2) is not None
+    assert reservations.orders() == []
+
+
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_the_view_seeing_a_device_ends_its_reservation(name: str) -> None:
+    """Once seen, an order counts in the view, not twice."""
+    reservations = Reservations(ttl=30)
+    v = Validation(cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")]), reservations)
+    assert create(v, name, 1) is None and reservations.holds("t1", name)
+    reservations.seen("t1", name)
+    assert reservations.orders() == [] and not reservations.holds("t1", name)
