@@ -48,6 +48,12 @@ def operator_kubeconfig(control_plane: ControlPlane, tmp_path_factory: pytest.Te
 
 
 @pytest.fixture(scope="session")
+def metrics_token(kube: Kube) -> str:
+    """A scraper's token: its ServiceAccount bound to the chart's metrics-reader ClusterRole (§14.4)."""
+    return identity.metrics_token(kube)
+
+
+@pytest.fixture(scope="session")
 def as_operator(operator_kubeconfig: Path) -> Kube:
     """A client with the operator's identity, for writing what only the operator may (template devices, §9.1)."""
     return Kube.from_kubeconfig(operator_kubeconfig)

@@ -96,6 +96,7 @@ def _run(args: argparse.Namespace) -> int:
         "watch_timeout": args.watch_timeout,
         "health_host": args.health_host,
         "health_port": args.health_port,
+        "metrics_auth": False if args.no_metrics_auth else None,
         "webhook_mode": "dev" if args.dev else ("off" if args.no_webhooks else None),
         "webhook_port": args.webhook_port,
         "binder": False if args.no_binder else None,
@@ -144,6 +145,12 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--health-host", help="address of /healthz and /readyz (default 0.0.0.0)")
     run.add_argument("--health-port", type=int, help="port of /healthz and /readyz (default 8080)")
+    run.add_argument(
+        "--no-metrics-auth",
+        action="store_true",
+        help="serve /metrics to anyone who reaches the port (COZYGPU_METRICS_AUTH=false); by default only to "
+        "callers allowed get on /metrics",
+    )
     run.add_argument(
         "--dev",
         action="store_true",

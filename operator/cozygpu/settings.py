@@ -30,6 +30,11 @@ class Settings(BaseModel):
     log_level: str = "INFO"
     health_host: str = "0.0.0.0"
     health_port: int = Field(default=8080, ge=0, le=65535)
+    metrics_auth: bool = Field(
+        default=True,
+        description="Serve /metrics only to callers whose bearer token a TokenReview authenticates and a"
+        " SubjectAccessReview allows `get` on /metrics (§14.4); off where the cluster fences metrics otherwise.",
+    )
     binder: bool = Field(default=True, description="Off: admissions wait and time out (split roles, tests).")
     webhook_mode: Literal["cluster", "dev", "off"] = Field(
         default="cluster",

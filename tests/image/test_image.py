@@ -239,12 +239,32 @@ def test_the_probes_answer_on_the_port_the_chart_names(deployed: Deployed) -> No
         assert answer.status_code == 200, (probe, answer.text)
 
 
-def test_metrics_are_served_on_the_services_http_port(deployed: Deployed) -> None:
-    """The Service's http port leads to /metrics with the operator's cozygpu_ series."""
+def test_metrics_are_served_on_the_services_http_port_to_the_charts_metrics_reader(
+    deployed: Deployed, kube: Kube
+) -> None:
+    """The Service's http port leads to /metrics (§14.4): 401 without a token; the cozygpu_ series for a
+    scraper bound to the chart's metrics-reader ClusterRole, checked by the image with the chart's RBAC."""
     [http] = [p for p in one(deployed.docs, "Service")["spec"]["ports"] if p["name"] == "http"]
-    answer = requests.get(f"http://127.0.0.1:{deployed.port(http['targetPort'])}/metrics", timeout=5)
-    assert answer.status_code == 200
-    assert any(line.startswith("cozygpu_") for line in answer.text.splitlines()), answer.text[:2000]
+    url = f"http://127.0.0.1:{deployed.port(http['targetPort'])}/metrics"
+    assert requests.get(url, timeout=5).status_code == 401
+    reader = one(deployed.docs, "ClusterRole", f"{RELEASE}-metrics-reader")
+    kube.put_object(kinds.kind("ClusterRole"), reader)
+    account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "scraper", "namespace": NAMESPACE}}
+    kube.put_object(kinds.kind("ServiceAccount"), account)
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "scraper"}, "subjects": [{"kind": "ServiceAccount", "name": "scraper",
+                                                               "namespace": NAMESPACE}],
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": reader["metadata"]["name"]}}  # fmt: skip
+    kube.put_object(kinds.kind("ClusterRoleBinding"), binding)
+    try:
+        token = kube.request_token(NAMESPACE, "scraper")
+        answer = requests.get(url, headers={"Authorization": f"Bearer {token}"}, timeout=5)
+        assert answer.status_code == 200, answer.text
+        assert any(line.startswith("cozygpu_") for line in answer.text.splitlines()), answer.text[:2000]
+    finally:
+        kube.delete(kinds.kind("ClusterRoleBinding"), "scraper")
+        kube.delete(kinds.kind("ClusterRole"), reader["metadata"]["name"])
 
 
 def test_the_services_webhook_port_serves_the_charts_certificate(deployed: Deployed) -> None:

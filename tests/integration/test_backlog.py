@@ -14,7 +14,6 @@ import time
 import uuid
 
 import pytest
-import requests
 
 from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
@@ -28,9 +27,9 @@ BACKLOG = 120
 CHURN = 15
 
 
-def decisions(operator: OperatorProcess) -> float:
+def decisions(operator: OperatorProcess, token: str) -> float:
     """The binder's placements decided outside requests so far, every result."""
-    text = requests.get(f"http://127.0.0.1:{operator.port}/metrics", timeout=5).text
+    text = operator.metrics(token).text
     return sum(
         float(line.rsplit(" ", 1)[1])
         for line in text.splitlines()
@@ -38,11 +37,11 @@ def decisions(operator: OperatorProcess) -> float:
     )
 
 
-def settled(operator: OperatorProcess) -> float | None:
+def settled(operator: OperatorProcess, token: str) -> float | None:
     """The count once it stood still for a second: the echoes of the backlog's waiting writes are through."""
-    first = decisions(operator)
+    first = decisions(operator, token)
     time.sleep(1)
-    return first if decisions(operator) == first else None
+    return first if decisions(operator, token) == first else None
 
 
 def namespace_of(kube: Kube, prefix: str) -> str:
@@ -52,7 +51,7 @@ def namespace_of(kube: Kube, prefix: str) -> str:
 
 
 def test_a_vmi_is_admitted_while_another_tenants_unplaceable_backlog_churns(
-    admitting: OperatorProcess, kube: Kube, gpu: Gpu, gpu_node: GPUNodeFactory
+    admitting: OperatorProcess, kube: Kube, gpu: Gpu, gpu_node: GPUNodeFactory, metrics_token: str
 ) -> None:
     """§14.3: B's VMIs are admitted and pinned while A's backlog waits and A churns a placeable device; the
     churn costs the binder a decision per churned device, and the backlog is neither decided nor rewritten."""
@@ -74,7 +73,7 @@ def test_a_vmi_is_admitted_while_another_tenants_unplaceable_backlog_churns(
         message = kube.get(kinds.GPU_DEVICE, "w000", a)["status"]["message"]
         assert f"matching GPUClass {nowhere}" in message
         assert "does not match the nodeSelector" in message
-        start = wait_for("the binder idle", lambda: settled(admitting), timeout=30)
+        start = wait_for("the binder idle", lambda: settled(admitting, metrics_token), timeout=30)
 
         failures: list[BaseException] = []
 
@@ -100,7 +99,7 @@ def test_a_vmi_is_admitted_while_another_tenants_unplaceable_backlog_churns(
         churner.join(timeout=120)
         assert not churner.is_alive() and not failures, failures
         assert admitted == [[{"name": "gpudev0-0", "deviceName": gpu.resource}]] * 5
-        spent = decisions(admitting) - start
+        spent = decisions(admitting, metrics_token) - start
         assert CHURN <= spent <= 2 * CHURN, spent
         after = {d["metadata"]["name"]: d["metadata"]["resourceVersion"] for d in kube.list(kinds.GPU_DEVICE, a)
                  if d["metadata"]["name"].startswith("w")}  # fmt: skip

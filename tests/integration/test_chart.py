@@ -128,6 +128,7 @@ def test_the_operator_role_is_the_one_the_tests_run_with(helm: Path) -> None:
     binding = one(docs, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NAMESPACE}]
     assert one(docs, "Role")["rules"] == identity.leader_election_rules()
+    assert one(docs, "ClusterRole", f"{RELEASE}-metrics-reader")["rules"] == identity.metrics_reader_rules()
 
 
 def test_values_reach_the_operator_as_settings_it_accepts(helm: Path) -> None:
@@ -140,6 +141,7 @@ def test_values_reach_the_operator_as_settings_it_accepts(helm: Path) -> None:
     assert {e["name"] for e in container["env"] if "valueFrom" in e} == set(from_pod)
     settings = Settings.load({**from_pod, **{e["name"]: e["value"] for e in container["env"] if "value" in e}}, {})
     assert (settings.bind_timeout, settings.webhook_timeout, settings.webhook_mode) == (5, 25, "cluster")
+    assert settings.metrics_auth  # §14.4: on unless a value turns it off
     assert one(docs, "MutatingWebhookConfiguration")["webhooks"][0]["timeoutSeconds"] == 25
     assert {w["timeoutSeconds"] for w in one(docs, "ValidatingWebhookConfiguration")["webhooks"]} == {10}
     probes = {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]}
@@ -151,7 +153,8 @@ def test_every_rendered_object_is_accepted_by_the_api_server(helm: Path, kube: K
     release = namespace = "chart-check"
     kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     docs = render(helm, release=release, namespace=namespace)
-    expected = ["ServiceAccount", "Secret", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
+    expected = ["ServiceAccount", "Secret", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
+                "ClusterRoleBinding",
                 "Role", "RoleBinding", "Service", "Deployment", "MutatingWebhookConfiguration",
                 "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
                 "ValidatingAdmissionPolicyBinding"]  # fmt: skip

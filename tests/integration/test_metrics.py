@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from cozygpu.api import kinds
@@ -16,8 +15,10 @@ from tests.helpers import gpu_device_body, vmi_body
 pytestmark = pytest.mark.integration
 
 
-def scrape(operator: OperatorProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    text = requests.get(f"http://127.0.0.1:{operator.port}/metrics", timeout=5).text
+def scrape(operator: OperatorProcess, token: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    answer = operator.metrics(token)
+    assert answer.status_code == 200, answer.text
+    text = answer.text
     return {
         (s.name, frozenset(s.labels.items())): s.value
         for family in text_string_to_metric_families(text)
@@ -25,14 +26,18 @@ def scrape(operator: OperatorProcess) -> dict[tuple[str, frozenset[tuple[str, st
     }
 
 
-def sample(operator: OperatorProcess, name: str, **labels: str) -> float:
-    return scrape(operator).get((name, frozenset(labels.items())), 0.0)
+def sample(operator: OperatorProcess, token: str, name: str, **labels: str) -> float:
+    return scrape(operator, token).get((name, frozenset(labels.items())), 0.0)
 
 
 def test_admissions_binds_devices_nodes_and_budgets_are_measured(
-    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, metrics_token: str
 ) -> None:
     """After one held device, one admitted VMI and one refused: each figure says so, with its labels."""
+
+    def seen(name: str, **labels: str) -> float:
+        return sample(admitting, metrics_token, name, **labels)
+
     node = gpu_node({gpu.resource: 4}, name=f"m-{gpu.cls}")["metadata"]["name"]
     kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
                                    "metadata": {"name": "cap", "namespace": namespace},
@@ -43,15 +48,36 @@ def test_admissions_binds_devices_nodes_and_budgets_are_measured(
     with pytest.raises(ApiError):
         kube.create(kinds.VMI, vmi_body("other", namespace, [{"device": "h"}]))
 
-    assert sample(admitting, "cozygpu_admission_duration_seconds_count", webhook="vmi", result="allowed") >= 1
-    assert sample(admitting, "cozygpu_admission_duration_seconds_count", webhook="vmi", result="denied") >= 1
-    assert sample(admitting, "cozygpu_admission_duration_seconds_count", webhook="gpudevice", result="allowed") >= 1
-    assert sample(admitting, "cozygpu_bind_duration_seconds_count", result="Succeeded") >= 1
-    assert sample(admitting, "cozygpu_devices", **{"class": gpu.cls, "phase": "Bound"}) == 1
-    wait_for("node units", lambda: sample(admitting, "cozygpu_node_units", node=node, resource=gpu.resource,
-                                          state="held") == 1)  # fmt: skip
-    assert sample(admitting, "cozygpu_node_units", node=node, resource=gpu.resource, state="free") == 3
+    assert seen("cozygpu_admission_duration_seconds_count", webhook="vmi", result="allowed") >= 1
+    assert seen("cozygpu_admission_duration_seconds_count", webhook="vmi", result="denied") >= 1
+    assert (
+        sample(
+            admitting, metrics_token, "cozygpu_admission_duration_seconds_count", webhook="gpudevice", result="allowed"
+        )
+        >= 1
+    )
+    assert seen("cozygpu_bind_duration_seconds_count", result="Succeeded") >= 1
+    assert seen("cozygpu_devices", **{"class": gpu.cls, "phase": "Bound"}) == 1
+    wait_for("node units", lambda: seen("cozygpu_node_units", node=node, resource=gpu.resource, state="held") == 1)
+    assert seen("cozygpu_node_units", node=node, resource=gpu.resource, state="free") == 3
     budget = {"namespace": namespace, "budget": "cap", "class": gpu.cls}
-    wait_for("budget use", lambda: sample(admitting, "cozygpu_budget_used_units", **budget) == 1)
-    assert sample(admitting, "cozygpu_budget_limit_units", **budget) == 3
+    wait_for("budget use", lambda: seen("cozygpu_budget_used_units", **budget) == 1)
+    assert seen("cozygpu_budget_limit_units", **budget) == 3
     kube.delete(kinds.VMI, "vm", namespace)
+
+
+def test_metrics_are_served_only_to_callers_allowed_to_get_them(
+    admitting: OperatorProcess, kube: Kube, namespace: str, metrics_token: str
+) -> None:
+    """§14.4: no token or a made-up one is 401; a tenant's valid ServiceAccount token without the right is 403;
+    the scraper bound to the chart's metrics-reader role reads them. /healthz and /readyz stay open (probes)."""
+    assert admitting.metrics(None).status_code == 401
+    assert admitting.metrics("not-a-token").status_code == 401
+    kube.create(kinds.kind("ServiceAccount"), {"apiVersion": "v1", "kind": "ServiceAccount",
+                                               "metadata": {"name": "nosy", "namespace": namespace}})  # fmt: skip
+    nosy = admitting.metrics(kube.request_token(namespace, "nosy"))
+    assert nosy.status_code == 403 and f"system:serviceaccount:{namespace}:nosy may not get /metrics" in nosy.text
+    allowed = admitting.metrics(metrics_token)
+    assert allowed.status_code == 200 and "# TYPE cozygpu_devices gauge" in allowed.text
+    assert "cozygpu_" not in nosy.text + admitting.metrics(None).text
+    assert admitting.ready() and admitting.healthy()

@@ -41,7 +41,9 @@ def test_a_request_written_while_the_binder_is_down_is_answered_after_restart(
         kube.delete(kinds.GPU_CLASS, cls)
 
 
-def test_readiness_waits_for_the_view_and_health_answers(operator_kubeconfig: Path, tmp_path: Path) -> None:
+def test_readiness_waits_for_the_view_and_health_answers(
+    operator_kubeconfig: Path, tmp_path: Path, metrics_token: str
+) -> None:
     """/readyz turns 200 only after the view synced (logged as operator.synced); /healthz and /metrics answer."""
     operator = OperatorProcess(operator_kubeconfig, tmp_path / "operator.log", "--no-webhooks").start()
     try:
@@ -49,7 +51,7 @@ def test_readiness_waits_for_the_view_and_health_answers(operator_kubeconfig: Pa
         health = requests.get(f"http://127.0.0.1:{operator.port}/healthz", timeout=2)
         assert (health.status_code, health.text) == (200, "ok")
         assert wait_for("ready", operator.ready)
-        metrics = requests.get(f"http://127.0.0.1:{operator.port}/metrics", timeout=2)
+        metrics = operator.metrics(metrics_token)
         assert metrics.status_code == 200
         assert "# TYPE cozygpu_devices gauge" in metrics.text
     finally:

@@ -73,6 +73,8 @@ _ALL = {
         False,
     ),
     "SelfSubjectReview": Kind("authentication.k8s.io/v1", "SelfSubjectReview", "selfsubjectreviews", False),
+    "TokenReview": Kind("authentication.k8s.io/v1", "TokenReview", "tokenreviews", False),
+    "SubjectAccessReview": Kind("authorization.k8s.io/v1", "SubjectAccessReview", "subjectaccessreviews", False),
     "ClusterRole": Kind("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
     "ClusterRoleBinding": Kind("rbac.authorization.k8s.io/v1", "ClusterRoleBinding", "clusterrolebindings", False),
     "RoleBinding": Kind("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings", True),
@@ -101,6 +103,8 @@ MUTATING_WEBHOOKS = kind("MutatingWebhookConfiguration")
 VALIDATING_WEBHOOKS = kind("ValidatingWebhookConfiguration")
 POLICY = kind("ValidatingAdmissionPolicy")
 POLICY_BINDING = kind("ValidatingAdmissionPolicyBinding")
+TOKEN_REVIEW = kind("TokenReview")
+SUBJECT_ACCESS_REVIEW = kind("SubjectAccessReview")
 
 # Listed at start-up and on each resync, watched in between, kept in the view (§6.4).
 # VMIs unfiltered on purpose: a label taken off a running VMI reaches a label-selected watch as a

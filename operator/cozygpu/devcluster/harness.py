@@ -71,6 +71,11 @@ class OperatorProcess:
             return 0, ""
         return answer.status_code, answer.text
 
+    def metrics(self, token: str | None) -> requests.Response:
+        """GET /metrics, as a scraper with this bearer token (§14.4), or as anyone when None."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return requests.get(f"http://127.0.0.1:{self.port}/metrics", headers=headers, timeout=5)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

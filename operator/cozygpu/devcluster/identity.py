@@ -47,6 +47,10 @@ def operator_rules() -> list[dict[str, Any]]:
     return _rules("operator.yaml")
 
 
+def metrics_reader_rules() -> list[dict[str, Any]]:
+    return _rules("metrics-reader.yaml")
+
+
 def leader_election_rules() -> list[dict[str, Any]]:
     return _rules("leader-election.yaml")
 
@@ -95,6 +99,25 @@ def install(kube: Kube, *, dev: bool = True) -> None:
         kube.put_object(kinds.kind(f"{kind}Binding"), _binding(kind, name))
     for body in tenant_roles():
         kube.put_object(kinds.kind("ClusterRole"), body)
+
+
+METRICS_READER = f"{NAME}-metrics-reader"
+
+
+def metrics_token(kube: Kube) -> str:
+    """A token of a scraper's ServiceAccount bound to the chart's metrics-reader ClusterRole, as Prometheus is."""
+    install(kube)
+    account = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": METRICS_READER, "namespace": NAMESPACE},
+    }
+    kube.put_object(kinds.kind("ServiceAccount"), account)
+    kube.put_object(kinds.kind("ClusterRole"), _role("ClusterRole", METRICS_READER, metrics_reader_rules()))
+    binding = _binding("ClusterRole", METRICS_READER)
+    binding["subjects"][0]["name"] = METRICS_READER
+    kube.put_object(kinds.kind("ClusterRoleBinding"), binding)
+    return kube.request_token(NAMESPACE, METRICS_READER)
 
 
 def write_kubeconfig(plane: ControlPlane, path: Path) -> Path:

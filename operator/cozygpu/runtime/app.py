@@ -35,6 +35,7 @@ from cozygpu.runtime.gate import Gate
 from cozygpu.runtime.health import HealthServer
 from cozygpu.runtime.informer import Informer
 from cozygpu.runtime.metrics import Metrics
+from cozygpu.runtime.metrics_auth import MetricsGuard
 from cozygpu.runtime.pod_webhook import LauncherAdmission
 from cozygpu.runtime.podwatch import PodWatch
 from cozygpu.runtime.registration import Registration
@@ -125,7 +126,12 @@ class Operator:
         self.supervisor = Supervisor(on_death=self._end)
         self._ending = False
         self.health = HealthServer(
-            settings.health_host, settings.health_port, self.readiness, self.metrics.render, self.liveness
+            settings.health_host,
+            settings.health_port,
+            self.readiness,
+            self.metrics.render,
+            self.liveness,
+            guard=MetricsGuard(self.kube) if settings.metrics_auth else None,
         )
         self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
         self._not_leading = "not the leader yet"

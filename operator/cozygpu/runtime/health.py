@@ -1,12 +1,14 @@
 """/healthz, /readyz and /metrics over plain HTTP (§10): ready only once nothing decides on a partial view;
 alive while no task the process needs has died (a blocked event loop answers nothing, which the probe's
-timeout reads the same way)."""
+timeout reads the same way). /metrics answers only callers the guard allows (§14.4, runtime.metrics_auth)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
+
+Guard = Callable[[str | None], Awaitable[tuple[int, str]]]  # Authorization header -> (status, why)
 
 
 class HealthServer:
@@ -17,7 +19,10 @@ class HealthServer:
         ready: Callable[[], tuple[bool, str]],
         metrics: Callable[[], tuple[bytes, str]] | None = None,
         alive: Callable[[], tuple[bool, str]] = lambda: (True, ""),
+        *,
+        guard: Guard | None = None,
     ) -> None:
+        self._guard = guard
         self._host, self._port = host, port
         self._ready = ready
         self._alive = alive
@@ -36,6 +41,11 @@ class HealthServer:
     async def _metrics_text(self, request: web.Request) -> web.Response:
         if self._metrics is None:
             raise web.HTTPNotFound()
+        if self._guard is not None:
+            status, why = await self._guard(request.headers.get("Authorization"))
+            if status != 200:
+                headers = {"WWW-Authenticate": 'Bearer realm="metrics"'} if status == 401 else None
+                return web.Response(text=why, status=status, headers=headers)
         body, content_type = self._metrics()
         return web.Response(body=body, headers={"Content-Type": content_type})
 

@@ -1,0 +1,88 @@
+"""Who may read /metrics (§14.4): a caller whose bearer token the API server authenticates (TokenReview)
+and allows `get` on the non-resource URL /metrics (SubjectAccessReview), as Kubernetes' own components and
+controller-runtime's secure metrics do. The metrics name every tenant's namespaces, budgets and use.
+
+Called by the health server per scrape. Answers are kept for a short while per token (hashed), in a
+bounded table, so a scrape every few seconds costs the API server two calls a minute, and no stream of
+made-up tokens grows the operator's memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import structlog
+
+from cozygpu.api import kinds
+from cozygpu.kube.adapter import ApiError, AsyncKube
+
+log = structlog.get_logger("cozygpu.metrics")
+
+PATH = "/metrics"
+REMEMBERED = 1024  # tokens whose answer is kept
+FOR = 60.0  # seconds an answer is kept
+
+
+@dataclass(frozen=True)
+class Verdict:
+    status: int  # 200, 401 (who are you), 403 (not allowed), 503 (the API server did not answer)
+    why: str = ""
+
+
+class MetricsGuard:
+    def __init__(self, kube: AsyncKube, *, remembered: int = REMEMBERED, keep_for: float = FOR) -> None:
+        self._kube = kube
+        self._answers: OrderedDict[str, tuple[float, Verdict]] = OrderedDict()
+        self._remembered, self._keep_for = remembered, keep_for
+
+    async def __call__(self, authorization: str | None) -> tuple[int, str]:
+        """The health server's question: (status, why) for a request's Authorization header."""
+        verdict = await self.check(authorization)
+        return verdict.status, verdict.why
+
+    async def check(self, authorization: str | None) -> Verdict:
+        """The verdict for a request's Authorization header."""
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return Verdict(401, "a bearer token is required for /metrics")
+        key = hashlib.sha256(token.strip().encode()).hexdigest()
+        kept = self._answers.get(key)
+        if kept is not None and kept[0] > time.monotonic():
+            self._answers.move_to_end(key)
+            return kept[1]
+        verdict = await self._ask(token.strip())
+        if verdict.status != 503:  # an API server that did not answer is asked again next time
+            self._answers[key] = (time.monotonic() + self._keep_for, verdict)
+            self._answers.move_to_end(key)
+            while len(self._answers) > self._remembered:
+                self._answers.popitem(last=False)
+        return verdict
+
+    async def _ask(self, token: str) -> Verdict:
+        review = {"apiVersion": kinds.TOKEN_REVIEW.api_version, "kind": "TokenReview", "spec": {"token": token}}
+        try:
+            answer = (await self._kube.create(kinds.TOKEN_REVIEW, review)).get("status") or {}
+            if not answer.get("authenticated"):
+                return Verdict(401, "the bearer token is not valid")
+            user = answer.get("user") or {}
+            access = {
+                "apiVersion": kinds.SUBJECT_ACCESS_REVIEW.api_version,
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": user.get("username", ""),
+                    "groups": user.get("groups") or [],
+                    "uid": user.get("uid", ""),
+                    "extra": user.get("extra") or {},
+                    "nonResourceAttributes": {"path": PATH, "verb": "get"},
+                },
+            }
+            allowed = (await self._kube.create(kinds.SUBJECT_ACCESS_REVIEW, access)).get("status") or {}
+        except ApiError as e:
+            log.warning("metrics.auth_failed", error=e.message)
+            return Verdict(503, "the API server could not check the caller")
+        if not allowed.get("allowed"):
+            return Verdict(403, f"{user.get('username', '')} may not get {PATH}")
+        return Verdict(200)
