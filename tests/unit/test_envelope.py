@@ -53,3 +53,27 @@ def test_each_malformed_part_is_named(body: Any, field: str) -> None:
     """Each wrongly typed or missing part of the envelope is refused with its field's name (a 400)."""
     problem = envelope_problem(body)
     assert problem is not None and field in problem
+
+
+@pytest.mark.parametrize(
+    ("request_namespace", "objects", "field"),
+    [
+        ("tenant-a", {"object": {"metadata": {"name": "vm", "namespace": "tenant-b"}}}, "request.object"),
+        ("tenant-a", {"object": {"metadata": {"name": "vm"}}}, "request.object"),
+        (None, {"object": {"metadata": {"name": "vm", "namespace": "tenant-b"}}}, "request.object"),
+        ("tenant-a", {"object": None, "oldObject": {"metadata": {"namespace": "tenant-b"}}}, "request.oldObject"),
+    ],
+)
+def test_a_review_whose_namespaces_disagree_is_refused(
+    request_namespace: str | None, objects: dict[str, Any], field: str
+) -> None:
+    """§14.1: the API server sets the object's namespace from the request's; a review whose two differ was not
+    sent by it, and nothing may be done in the namespace only the object names."""
+    problem = envelope_problem(review(namespace=request_namespace, **objects))
+    assert problem == f"{field}.metadata.namespace is not request.namespace"
+
+
+def test_a_review_whose_namespaces_agree_passes() -> None:
+    """A namespaced object in its request's namespace, and a cluster-scoped one with none, pass."""
+    assert envelope_problem(review(namespace="t", object={"metadata": {"name": "vm", "namespace": "t"}})) is None
+    assert envelope_problem(review(object={"metadata": {"name": "c"}}, oldObject={"metadata": {"name": "c"}})) is None

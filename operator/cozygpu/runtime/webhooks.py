@@ -90,6 +90,16 @@ def envelope_problem(review: Any) -> str | None:
             return f"request.{field}.metadata is not an object"
     if inner.get("object") is None and inner.get("oldObject") is None:
         return "request.object and request.oldObject are both missing"
+    # §14.1: the API server sets an object's namespace from the request's before admission; a review whose two
+    # disagree was not sent by it, and the handlers must never act in a namespace the request did not name.
+    namespace = inner.get("namespace") or ""
+    if not isinstance(namespace, str):
+        return "request.namespace is not a string"
+    for field in ("object", "oldObject"):
+        value = inner.get(field)
+        theirs = (value.get("metadata") or {}).get("namespace") or "" if isinstance(value, dict) else namespace
+        if theirs != namespace:
+            return f"request.{field}.metadata.namespace is not request.namespace"
     return None
 
 
