@@ -92,6 +92,7 @@ def _run(args: argparse.Namespace) -> int:
         "sweep_interval": args.sweep_interval,
         "pod_scan_interval": args.pod_scan_interval,
         "max_devices_per_vmi": args.max_devices_per_vmi,
+        "max_admissions_per_namespace": args.max_admissions_per_namespace,
         "crash_at_write": args.crash_at_write,
         "watch_timeout": args.watch_timeout,
         "health_host": args.health_host,
@@ -139,6 +140,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--watch-timeout", type=int, help=argparse.SUPPRESS)  # COZYGPU_WATCH_TIMEOUT; tests shorten it
     run.add_argument(
         "--max-devices-per-vmi", type=int, help="device references a VMI may list (default 64); more are refused"
+    )
+    run.add_argument(
+        "--max-admissions-per-namespace",
+        type=int,
+        help="VMI admissions one namespace may have under way at once (default 16); more are refused",
     )
     run.add_argument(
         "--pod-scan-interval", type=float, help="period of the list of every pod on a node, seconds (default 300)"

@@ -61,6 +61,13 @@ class Settings(BaseModel):
         description="Device references a VMI may list (§3.2); a set must fit one node, and the largest GPU nodes "
         "hold 8-16 GPUs or some tens of vGPUs.",
     )
+    max_admissions_per_namespace: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="VMI admissions one namespace may have under way at once (§14.3); more are refused at once, and"
+        " KubeVirt retries: one tenant cannot hold every API call and bind of the operator.",
+    )
     watch_timeout: int = Field(
         default=240,
         ge=1,

@@ -97,6 +97,7 @@ class Operator:
             self.reservations,
             bind_timeout=settings.bind_timeout,
             max_devices=settings.max_devices_per_vmi,
+            max_per_namespace=settings.max_admissions_per_namespace,
             writer=self.writer,
             events=self.events,
             calls_in_flight=max(2, connections // 8),

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -67,6 +67,7 @@ class VMIAdmission:
         bind_timeout: float,
         max_devices: int,
         writer: Writer,
+        max_per_namespace: int = 16,
         events: Recorder | None = None,
         calls_in_flight: int = 4,
     ) -> None:
@@ -80,6 +81,9 @@ class VMIAdmission:
         # pool and queue every other tenant's calls behind its own (issue 12 item 2).
         self._calls_in_flight = calls_in_flight
         self._writer = writer  # its writes' responses go into the view, which wakes the binder
+        # Admissions under way per namespace (§14.3): one tenant cannot hold every API call and bind.
+        self._max_per_namespace = max_per_namespace
+        self._under_way: dict[str, int] = {}
         self._events = events
 
     async def admit(self, vmi: dict[str, Any], dry_run: bool) -> dict[str, Any]:
@@ -91,7 +95,7 @@ class VMIAdmission:
         name, namespace = meta.get("name") or "", meta.get("namespace") or ""
         started = time.monotonic()
         bound = structlog.contextvars.bound_contextvars(namespace=namespace, vmi=name or meta.get("generateName"))
-        with bound:
+        with bound, self._one_of(namespace):
             try:
                 admitted, node = await self._admit(vmi, name, namespace, dry_run)
             except Refusal as e:
@@ -102,6 +106,23 @@ class VMIAdmission:
                 raise
             log.info("vmi.admitted", node=node, dry_run=dry_run, duration_ms=_ms(started))
             return admitted
+
+    @contextlib.contextmanager
+    def _one_of(self, namespace: str) -> Iterator[None]:
+        """Count an admission under way in the namespace, or refuse it when the namespace has its fill."""
+        if self._under_way.get(namespace, 0) >= self._max_per_namespace:
+            log.info("vmi.refused", reason="too many admissions under way", limit=self._max_per_namespace)
+            raise Refusal(
+                f"namespace {namespace} has {self._max_per_namespace} VMI admissions with GPUs under way, the most"
+                " one namespace may have at once; KubeVirt retries the start"
+            )
+        self._under_way[namespace] = self._under_way.get(namespace, 0) + 1
+        try:
+            yield
+        finally:
+            self._under_way[namespace] -= 1
+            if not self._under_way[namespace]:
+                del self._under_way[namespace]
 
     async def _admit(
         self, vmi: dict[str, Any], name: str, namespace: str, dry_run: bool
