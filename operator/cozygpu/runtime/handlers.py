@@ -12,6 +12,7 @@ import asyncio
 from typing import Any, cast
 
 import kopf
+from kopf._core.reactor import inventory  # kopf keeps its memories' type private
 
 from cozygpu.api.names import GROUP, KUBEVIRT_GROUP, KUBEVIRT_VERSION, VERSION
 from cozygpu.runtime import leadership, webhooks
@@ -19,13 +20,35 @@ from cozygpu.runtime.app import Operator
 from cozygpu.settings import Settings
 
 
+class Forgetful(inventory.ResourceMemories):
+    """kopf's memory per object, kept for nothing. kopf remembers every object an UPDATE or DELETE review names
+    and forgets it only on a watch's deletion event, which it never sees here (it watches nothing): every
+    device ever updated, and every made-up uid a caller posts, would stay for the process's life (§14.1).
+    Our handlers keep no memo, so kopf may forget each object as soon as it has answered."""
+
+    async def recall(
+        self,
+        raw_body: Any,
+        *,
+        memobase: Any = None,
+        noticed_by_listing: bool = False,
+        ephemeral: bool = False,
+    ) -> inventory.ResourceMemory:
+        return await super().recall(raw_body, memobase=memobase, noticed_by_listing=noticed_by_listing, ephemeral=True)
+
+
+def kopf_options(settings: Settings) -> dict[str, Any]:
+    """How kopf runs the operator: every namespace, no peering, its memory per object kept for nothing."""
+    return {"clusterwide": True, "standalone": True, "memories": Forgetful(),
+            "identity": cast(Any, leadership.replica(settings))}  # fmt: skip
+
+
 async def run(settings: Settings, stop_flag: asyncio.Event | None = None) -> None:
     """Run the operator until stopped (a signal, or `stop_flag`)."""
     operator = Operator(settings)
     registry = kopf.OperatorRegistry()
     register(registry, operator)
-    await kopf.operator(registry=registry, clusterwide=True, standalone=True, stop_flag=stop_flag,
-                        identity=cast(Any, leadership.replica(settings)))  # fmt: skip
+    await kopf.operator(registry=registry, stop_flag=stop_flag, **kopf_options(settings))
 
 
 def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
