@@ -102,6 +102,7 @@ def _run(args: argparse.Namespace) -> int:
         "webhook_port": args.webhook_port,
         "binder": False if args.no_binder else None,
         "webhook_cert_dir": args.webhook_cert_dir,
+        "webhook_client_ca": args.webhook_client_ca,
         "leader_election": False if args.no_leader_election else None,
         "identity": args.identity,
         "lease_name": args.lease_name,
@@ -172,6 +173,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--no-binder", action="store_true", help="run without the binder (nothing answers bind requests)")
     run.add_argument("--webhook-port", type=int, help="webhook port (default 9443; 0 or unset with --dev: any free)")
     run.add_argument("--webhook-cert-dir", help="directory with tls.crt and tls.key (default /etc/cozygpu/tls)")
+    run.add_argument(
+        "--webhook-client-ca",
+        help="PEM CAs whose client certificates may call the webhooks, as the API server presents one; unset: "
+        "any caller (with --dev: the dev control plane's, when it publishes one)",
+    )
     run.add_argument("--no-leader-election", action="store_true", help="decide without holding the Lease")
     run.add_argument("--identity", help="this replica in the Lease (default: the host name, a pod's name)")
     run.add_argument("--lease-name", help="the Lease replicas compete for (default cozy-gpu-operator)")

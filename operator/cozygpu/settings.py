@@ -42,6 +42,12 @@ class Settings(BaseModel):
     )
     webhook_host: str = Field(default="0.0.0.0", description="Address the webhook server listens on.")
     webhook_port: int | None = Field(default=None, ge=1, le=65535, description="Unset: 9443, or any free port (dev).")
+    webhook_client_ca: Path | None = Field(
+        default=None,
+        description="PEM CAs whose client certificates may call the webhooks (§14.1): set it where the API server"
+        " presents one (AdmissionConfiguration); unset, any caller that reaches the port is served, so fence it"
+        " with a NetworkPolicy. With --dev: the dev control plane's, when it publishes one.",
+    )
     webhook_cert_dir: Path = Field(default=Path("/etc/cozygpu/tls"), description="tls.crt and tls.key (cluster).")
     leader_election: bool = Field(default=True, description="Decide only while holding the Lease (§10).")
     identity: str = Field(default="", description="This replica in the Lease; unset: the host (pod) name.")

@@ -22,6 +22,7 @@ import pytest
 import yaml
 from cryptography import x509
 
+from cozygpu import tls
 from cozygpu.api import kinds
 from cozygpu.devcluster import binaries, identity
 from cozygpu.devcluster.harness import OperatorProcess
@@ -247,3 +248,22 @@ def test_the_default_resources_fit_the_largest_measured_cloud(helm: Path) -> Non
     assert _mib(resources["requests"]["memory"]) == -(-largest["after a resync (MiB)"] // 32) * 32
     assert _mib(resources["limits"]["memory"]) == -(-2 * largest["peak (MiB)"] // 64) * 64
     assert largest["devices"] >= 50_000 and largest["nodes"] >= 5_000  # the size §13.3 promises
+
+
+def test_a_webhook_client_ca_value_makes_the_operator_require_it(helm: Path) -> None:
+    """§14.1: `webhookClientCA` renders a ConfigMap mounted where COZYGPU_WEBHOOK_CLIENT_CA points, so the webhook
+    port requires the API server's client certificate; without the value nothing of it is rendered."""
+    pem = tls.Authority("an API server's webhook client CA").cert_pem.decode()
+    docs = render(helm, "--set-string", f"webhookClientCA={pem}")
+    config = one(docs, "ConfigMap", f"{RELEASE}-webhook-client-ca")
+    assert config["data"]["ca.crt"] == pem
+    [container] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "client-ca"]
+    assert env["COZYGPU_WEBHOOK_CLIENT_CA"] == f"{mount['mountPath']}/ca.crt"
+    volumes = one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "client-ca", "configMap": {"name": config["metadata"]["name"]}} in volumes
+    plain = render(helm)
+    assert not [d for d in plain if d["kind"] == "ConfigMap"]
+    [container] = one(plain, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "COZYGPU_WEBHOOK_CLIENT_CA" not in {e["name"] for e in container["env"]}

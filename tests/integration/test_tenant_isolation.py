@@ -6,9 +6,13 @@ or harmless, and fails on the code before its fix (issue 19).
 
 from __future__ import annotations
 
+import base64
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
+import requests
 
 from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
@@ -86,3 +90,43 @@ def test_a_vmi_name_too_long_for_its_gpu_devices_is_a_denial_not_an_error(
     assert 'admission webhook "vmi.gpu.cozystack.io" denied the request' in raised.value.message
     assert "made from the VMI's name is not a valid object name" in raised.value.message
     assert mallory.list(kinds.GPU_DEVICE, namespace) == []
+
+
+def test_only_the_api_server_drives_the_webhooks(
+    admitting: OperatorProcess,
+    control_plane: ControlPlane,
+    kube: Kube,
+    namespace: str,
+    gpu: Gpu,
+    gpu_node: GPUNodeFactory,
+    tmp_path: Path,
+) -> None:
+    """§14.1: a review posted straight to the VMI webhook, as any pod that reaches the port could, for a VMI `ghost`
+    naming another tenant's stopped held device, gets no answer: without the client certificate the API server
+    presents, the TLS handshake turns it away, and the device stays unattached. A caller with a certificate of
+    the API server's webhook client CA is answered (a dry run here, so nothing is written)."""
+    gpu_node({gpu.resource: 1}, name=f"ghost-{gpu.cls}")
+    held(kube, namespace, "d1", gpu.cls)
+    hooks = kube.get(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")["webhooks"]
+    [config] = [h["clientConfig"] for h in hooks if h["clientConfig"]["url"].endswith("/vmi")]
+    url, ca = config["url"], tmp_path / "serving-ca.crt"
+    ca.write_bytes(base64.b64decode(config["caBundle"]))
+    vmi = vmi_body("ghost", namespace, [{"device": "d1"}])
+
+    def review(dry_run: bool) -> dict[str, Any]:
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": str(uuid.uuid4()), "operation": "CREATE", "namespace": namespace, "name": "ghost",
+            "kind": {"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachineInstance"},
+            "resource": {"group": "kubevirt.io", "version": "v1", "resource": "virtualmachineinstances"},
+            "userInfo": {"username": "mallory"}, "object": vmi, "oldObject": None, "dryRun": dry_run}}  # fmt: skip
+
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.post(url, json=review(False), verify=str(ca), timeout=10)
+    assert "attachedTo" not in device_status(kube, namespace, "d1")
+    client = control_plane.webhook_ca.client("someone-with-the-ca")
+    (tmp_path / "c.crt").write_bytes(client.cert_pem)
+    (tmp_path / "c.key").write_bytes(client.key_pem)
+    answer = requests.post(url, json=review(True), verify=str(ca), timeout=10,
+                           cert=(str(tmp_path / "c.crt"), str(tmp_path / "c.key")))  # fmt: skip
+    assert answer.status_code == 200 and answer.json()["response"]["allowed"] is True
+    assert "attachedTo" not in device_status(kube, namespace, "d1")

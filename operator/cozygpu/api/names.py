@@ -45,6 +45,11 @@ CONDITION_PLACED = "Placed"
 GPU_ENTRY_PREFIX = "gpudev"
 
 
+# §14.1 with --dev: where a dev control plane publishes the CA of the client certificate its API server presents
+# to webhooks (its AdmissionConfiguration); `cozygpu run --dev` then requires that certificate.
+DEV_NAMESPACE = "cozy-gpu-system"
+DEV_WEBHOOK_CLIENT_CA = "cozy-gpu-webhook-client-ca"  # a ConfigMap, its CA in `ca.crt`
+
 # Object names as Kubernetes checks them (DNS-1123 subdomain).
 OBJECT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 OBJECT_NAME_MAX = 253

@@ -24,6 +24,7 @@ import yaml
 
 from cozygpu import tls
 from cozygpu.api import KINDS, crdgen, kinds
+from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.devcluster import binaries
 from cozygpu.devcluster.kubevirt import KubeVirt
 from cozygpu.devcluster.ports import free_port
@@ -99,6 +100,8 @@ class ControlPlane:
         self._verbose = verbose
         self._procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
         self.ca = tls.Authority("cozy-dev control plane CA")
+        # §14.1: the API server presents a client certificate of this CA to every webhook it calls.
+        self.webhook_ca = tls.Authority("cozy-dev webhook client CA")
         self.server = ""
         self.etcd_url = ""
         self.kubeconfig_path = self.workdir / "kubeconfig"
@@ -125,6 +128,7 @@ class ControlPlane:
             etcd_url = self._start_etcd(bin_dir, deadline)
             self._start_apiserver(bin_dir, etcd_url, deadline)
             self.install_crds(deadline)
+            self.publish_webhook_client_ca()
             if self._controllers:
                 self._start_controller_manager(bin_dir)
             if kubevirt_dir is not None:
@@ -265,12 +269,36 @@ class ControlPlane:
             "--requestheader-group-headers=X-Remote-Group",
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
             "--profiling=false",
+            f"--admission-control-config-file={self._admission_config(certs)}",
             f"--v={4 if self._verbose else 1}",
         ]
         proc = self.spawn("kube-apiserver", self._apiserver_argv)
         self.write_kubeconfig(self.kubeconfig_path)
         kube = self.kube()
         self.wait_until("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, deadline)
+
+    def _admission_config(self, certs: Path) -> Path:
+        """The AdmissionConfiguration under which the API server presents its webhook client certificate to
+        every webhook ("*"), as Kubernetes documents for webhooks that authenticate the API server."""
+        client = self.webhook_ca.client("kube-apiserver-webhook-client")
+        every_webhook = {"name": "*", "user": client_certificate(client)}
+        users = self._write(certs / "webhook-client.kubeconfig", {"apiVersion": "v1", "kind": "Config",
+                                                                  "users": [every_webhook]})  # fmt: skip
+        plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+                  "kubeConfigFile": str(users)}  # fmt: skip
+        return self._write(certs / "admission.yaml", {
+            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+            "plugins": [{"name": name, "configuration": plugin}
+                        for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]})  # fmt: skip
+
+    def publish_webhook_client_ca(self) -> None:
+        """Where `cozygpu run --dev` finds the CA to require of webhook callers (api.names.DEV_WEBHOOK_CLIENT_CA)."""
+        kube = self.kube()
+        kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEV_NAMESPACE}})
+        kube.put_object(kinds.kind("ConfigMap"), {
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": DEV_WEBHOOK_CLIENT_CA, "namespace": DEV_NAMESPACE},
+            "data": {"ca.crt": self.webhook_ca.cert_pem.decode()}})  # fmt: skip
 
     def restart_apiserver(self, down: float = 0.0, timeout: float = 60.0) -> None:
         """Kill kube-apiserver as a crash would, keep it down `down` seconds, and start it again on the same

@@ -13,11 +13,12 @@ from typing import Any
 import yaml
 
 from cozygpu.api import kinds
+from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.devcluster.binaries import repo_root
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.kube.adapter import Body, Kube
 
-NAMESPACE = "cozy-gpu-system"
+NAMESPACE = DEV_NAMESPACE
 NAME = "cozy-gpu-operator"
 USERNAME = f"system:serviceaccount:{NAMESPACE}:{NAME}"
 RBAC_DIR = repo_root() / "charts" / "cozy-gpu-operator" / "files" / "rbac"
@@ -34,7 +35,9 @@ DEV_RULES = [
             "validatingadmissionpolicybindings",
         ],
         "verbs": ["get", "create", "update", "delete"],
-    }
+    },
+    # The CA a dev control plane publishes for the webhooks to require of their callers (§14.1).
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"], "resourceNames": [DEV_WEBHOOK_CLIENT_CA]},
 ]
 
 

@@ -24,8 +24,9 @@ import kopf
 import structlog
 
 from cozygpu.api import kinds
+from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.kube import credentials
-from cozygpu.kube.adapter import AsyncKube, Kube
+from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
 from cozygpu.runtime import leadership, webhooks
 from cozygpu.runtime.accountant import Accountant
 from cozygpu.runtime.binder import Binder
@@ -137,6 +138,7 @@ class Operator:
         self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
         self._not_leading = "not the leader yet"
         self.synced = False
+        self._client_ca: bytes | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # Who hears of which changes: each worker keeps its own queue from them.
         self.view.subscribe(self._device_seen, "GPUDevice")
@@ -198,12 +200,35 @@ class Operator:
         if mode == "dev":
             host = "127.0.0.1"
             port = self.settings.webhook_port or _free_port(host)
-            self.registration.serving = webhooks.dev_serving(host, port)
+            self.registration.serving = webhooks.dev_serving(host, port, self._client_ca)
             settings.admission.server = self.registration.serving.server
         elif mode == "cluster":
             settings.admission.server = webhooks.cluster_serving(
-                self.settings.webhook_host, self.settings.webhook_port or 9443, self.settings.webhook_cert_dir
+                self.settings.webhook_host,
+                self.settings.webhook_port or 9443,
+                self.settings.webhook_cert_dir,
+                self._client_ca,
             )
+
+    async def load_client_ca(self) -> None:
+        """§14.1: the CA whose client certificates may call the webhooks: the setting's file, or with --dev the
+        one a dev control plane publishes; without one the port serves any caller, and the log says so."""
+        if self.settings.webhook_mode == "off":
+            return
+        if self.settings.webhook_client_ca is not None:
+            self._client_ca = self.settings.webhook_client_ca.read_bytes()
+        elif self.settings.webhook_mode == "dev":
+            try:
+                published = await self.kube.get_or_none(kinds.kind("ConfigMap"), DEV_WEBHOOK_CLIENT_CA, DEV_NAMESPACE)
+            except ApiError as e:  # a restricted identity (--as-given) may not read it
+                log.warning("webhook.client_ca_unreadable", error=e.message)
+                published = None
+            ca = ((published or {}).get("data") or {}).get("ca.crt")
+            self._client_ca = ca.encode() if isinstance(ca, str) and ca else None
+        if self._client_ca is None:
+            log.warning("webhook.open", reason="no client CA: any caller that reaches the webhook port is served")
+        else:
+            log.info("webhook.client_ca", required=True)
 
     async def startup(self) -> None:
         await self.health.start()

@@ -54,6 +54,7 @@ async def run(settings: Settings, stop_flag: asyncio.Event | None = None) -> Non
 def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        await operator.load_client_ca()
         operator.configure(settings)
         await operator.startup()
 

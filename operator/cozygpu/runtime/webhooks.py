@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import ssl
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +131,14 @@ class Serving:
     ca_bundle: bytes
 
 
-def dev_serving(host: str, port: int) -> Serving:
+def _clients_of(client_ca: bytes | None) -> dict[str, Any]:
+    """§14.1: with a CA, the TLS handshake itself turns away a caller without a certificate it signed."""
+    if client_ca is None:
+        return {}
+    return {"verify_mode": ssl.CERT_REQUIRED, "verify_cadata": client_ca.decode()}
+
+
+def dev_serving(host: str, port: int, client_ca: bytes | None = None) -> Serving:
     """A self-signed CA and a serving certificate for `host`, in a private temporary directory."""
     directory = Path(tempfile.mkdtemp(prefix="cozygpu-webhook-"))
     ca = tls.Authority("cozy-gpu-operator webhook CA (dev)")
@@ -139,13 +147,21 @@ def dev_serving(host: str, port: int) -> Serving:
     cert.write_bytes(leaf.cert_pem)
     key.write_bytes(leaf.key_pem)
     key.chmod(0o600)
-    server = ReviewServer(addr=host, port=port, host=host, certfile=str(cert), pkeyfile=str(key))
+    server = ReviewServer(
+        addr=host, port=port, host=host, certfile=str(cert), pkeyfile=str(key), **_clients_of(client_ca)
+    )
     return Serving(server, f"https://{host}:{port}", ca.cert_pem)
 
 
-def cluster_serving(addr: str, port: int, cert_dir: Path) -> ReviewServer:
+def cluster_serving(addr: str, port: int, cert_dir: Path, client_ca: bytes | None = None) -> ReviewServer:
     """The chart's mounted certificate (tls.crt, tls.key); kopf reloads it when the files change."""
-    return ReviewServer(addr=addr, port=port, certfile=str(cert_dir / "tls.crt"), pkeyfile=str(cert_dir / "tls.key"))
+    return ReviewServer(
+        addr=addr,
+        port=port,
+        certfile=str(cert_dir / "tls.crt"),
+        pkeyfile=str(cert_dir / "tls.key"),
+        **_clients_of(client_ca),
+    )
 
 
 def _client(url: str, hook: str, ca_bundle: bytes) -> dict[str, Any]:
