@@ -48,6 +48,17 @@ def operator_kubeconfig(control_plane: ControlPlane, tmp_path_factory: pytest.Te
 
 
 @pytest.fixture(scope="session")
+def api_server_cert(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A client certificate (file, key file) of the CA whose certificate the API server presents to webhooks
+    (§14.1): for tests that post reviews to the webhook as the API server would."""
+    client = control_plane.webhook_ca.client("kube-apiserver-webhook-client")
+    directory = tmp_path_factory.mktemp("api-server-cert")
+    (directory / "tls.crt").write_bytes(client.cert_pem)
+    (directory / "tls.key").write_bytes(client.key_pem)
+    return str(directory / "tls.crt"), str(directory / "tls.key")
+
+
+@pytest.fixture(scope="session")
 def metrics_token(kube: Kube) -> str:
     """A scraper's token: its ServiceAccount bound to the chart's metrics-reader ClusterRole (§14.4)."""
     return identity.metrics_token(kube)

@@ -22,6 +22,18 @@ from tests.helpers import vmi_body
 
 pytestmark = pytest.mark.integration
 
+# The client certificate the API server presents to webhooks (§14.1): these tests post as the API server does.
+_AS_API_SERVER: list[tuple[str, str]] = []
+
+
+@pytest.fixture(autouse=True)
+def as_the_api_server(api_server_cert: tuple[str, str]) -> None:
+    _AS_API_SERVER[:] = [api_server_cert]
+
+
+def _cert() -> tuple[str, str]:
+    return _AS_API_SERVER[0]
+
 
 def _hook(kube: Kube) -> tuple[str, str]:
     """The VMI webhook's URL and a CA file, read from the registered configuration."""
@@ -69,19 +81,19 @@ def test_a_reinvocation_neither_asks_the_binder_again_nor_patches_twice(
     body = vmi_body("vm", namespace, refs)
     # The first call, exactly as the API server makes it; the VMI is not stored yet, as within one create.
     url, ca = _hook(kube)
-    first = requests.post(url, json=_review(body, namespace), verify=ca, timeout=30).json()
+    first = requests.post(url, json=_review(body, namespace), verify=ca, cert=_cert(), timeout=30).json()
     assert first["response"]["allowed"], first
     patch = _patch_of(first)
     assert patch
     request_id = kube.get(kinds.GPU_DEVICE, "vm-gpu-0", namespace)["status"]["bindRequest"]["id"]
 
     patched = jsonpatch.apply_patch(body, patch)
-    again = requests.post(url, json=_review(patched, namespace), verify=ca, timeout=30).json()
+    again = requests.post(url, json=_review(patched, namespace), verify=ca, cert=_cert(), timeout=30).json()
     assert again["response"]["allowed"], again
     assert _patch_of(again) == []
     assert kube.get(kinds.GPU_DEVICE, "vm-gpu-0", namespace)["status"]["bindRequest"]["id"] == request_id
     # A later webhook may have dropped our entries: they come back, still without a new bind.
-    third = requests.post(url, json=_review(body, namespace), verify=ca, timeout=30).json()
+    third = requests.post(url, json=_review(body, namespace), verify=ca, cert=_cert(), timeout=30).json()
     assert third["response"]["allowed"]
     assert jsonpatch.apply_patch(body, _patch_of(third)) == patched
     assert kube.get(kinds.GPU_DEVICE, "vm-gpu-0", namespace)["status"]["bindRequest"]["id"] == request_id
@@ -91,14 +103,14 @@ def test_a_reinvocation_neither_asks_the_binder_again_nor_patches_twice(
 def test_an_undecodable_body_is_a_400_not_a_denial(admitting: OperatorProcess, kube: Kube, body: bytes) -> None:
     """§3: a request the webhook cannot decode as an AdmissionReview is an error (HTTP 400)."""
     url, ca = _hook(kube)
-    answer = requests.post(url, data=body, verify=ca, timeout=10)
+    answer = requests.post(url, data=body, verify=ca, cert=_cert(), timeout=10)
     assert answer.status_code == 400
 
 
 def test_the_webhook_serves_tls_the_api_server_can_verify(admitting: OperatorProcess, kube: Kube) -> None:
     """The caBundle in the configuration verifies the serving certificate; an unknown CA does not."""
     url, ca = _hook(kube)
-    assert requests.post(url, data=b"{}", verify=ca, timeout=10).status_code == 400
+    assert requests.post(url, data=b"{}", verify=ca, cert=_cert(), timeout=10).status_code == 400
     with pytest.raises(requests.exceptions.SSLError):
         requests.post(url, data=b"{}", verify=True, timeout=10)
 
@@ -125,7 +137,7 @@ def test_the_api_server_reinvokes_us_after_a_later_webhook_changes_the_vmi(
 
 
 def _post(url: str, ca: str, review: Any = None, *, data: bytes | None = None) -> requests.Response:
-    return requests.post(url, json=review, data=data, verify=ca, timeout=30)
+    return requests.post(url, json=review, data=data, verify=ca, cert=_cert(), timeout=30)
 
 
 def test_a_path_no_hook_serves_is_a_404_not_an_allowed_answer(admitting: OperatorProcess, kube: Kube) -> None:

@@ -59,13 +59,14 @@ FIELDS = [
 
 
 @pytest.fixture(scope="module")
-def endpoint(admitting: OperatorProcess, kube: Kube) -> tuple[str, str]:
-    """The webhook server's base URL and CA file, from the configuration the operator registered."""
+def endpoint(admitting: OperatorProcess, kube: Kube, api_server_cert: tuple[str, str]) -> tuple[str, str, Any]:
+    """The webhook server's base URL and CA file, from the configuration the operator registered, and the client
+    certificate the API server presents (§14.1)."""
     client = kube.get(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")["webhooks"][0]["clientConfig"]
     ca = tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False)  # noqa: SIM115 - read by requests
     ca.write(base64.b64decode(client["caBundle"]))
     ca.close()
-    return client["url"].rsplit("/", 1)[0], ca.name
+    return client["url"].rsplit("/", 1)[0], ca.name, api_server_cert
 
 
 def review(hook: str, obj: dict[str, Any], dry_run: bool = True) -> dict[str, Any]:
@@ -99,8 +100,8 @@ def _replace(body: Any, path: tuple[str, ...], value: Any) -> Any:
     return body
 
 
-def _judge(base: str, ca: str, hook: str, body: Any, record: str) -> None:
-    answer = requests.post(f"{base}/{hook}", data=json.dumps(body), verify=ca, timeout=30,
+def _judge(base: str, ca: str, cert: Any, hook: str, body: Any, record: str) -> None:
+    answer = requests.post(f"{base}/{hook}", data=json.dumps(body), verify=ca, cert=cert, timeout=30,
                            headers={"Content-Type": "application/json"})  # fmt: skip
     TALLY[record].runs += 1
     assert answer.status_code in (200, 400), f"{answer.status_code} {answer.reason} for {json.dumps(body)[:400]}"
@@ -113,7 +114,7 @@ def _judge(base: str, ca: str, hook: str, body: Any, record: str) -> None:
 @FUZZ
 @given(hook=st.sampled_from(sorted(HOOK_KINDS)), path=st.sampled_from(FIELDS), value=JSON)
 def test_a_review_spoilt_anywhere_is_answered_200_or_400_never_500(
-    endpoint: tuple[str, str], hook: str, path: tuple[str, ...], value: Any
+    endpoint: tuple[str, str, Any], hook: str, path: tuple[str, ...], value: Any
 ) -> None:
     """Any field of a review (or the whole body) replaced by any JSON value: a 400, or a well-formed answer."""
     _judge(*endpoint, hook, _replace(review(hook, _object(hook)), path, value), "fuzzed envelopes")
@@ -131,7 +132,7 @@ ANNOTATION = st.text(max_size=60) | st.builds(json.dumps, JSON) | st.builds(json
 @FUZZ
 @given(annotation=ANNOTATION, dry_run=st.booleans())
 def test_any_device_annotation_is_refused_or_admitted_never_a_500(
-    endpoint: tuple[str, str], annotation: str, dry_run: bool
+    endpoint: tuple[str, str, Any], annotation: str, dry_run: bool
 ) -> None:
     """A VMI with the device-reference label and any annotation text: a denial naming what is wrong or an
     answer, never a 500 (the names exist nowhere, so nothing is written)."""

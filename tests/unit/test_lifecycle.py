@@ -9,7 +9,7 @@ from cozygpu.api import GPUClass, GPUDevice
 from cozygpu.api.names import FINALIZER_IN_USE
 from cozygpu.decisions.lifecycle import Action, Do, class_action, device_actions, due
 from cozygpu.state.cluster import Cluster
-from tests.builders import EPOCH, cluster, device, gpu_class
+from tests.builders import EPOCH, cluster, device, gpu_class, pod
 
 GRACE = dt.timedelta(minutes=2)
 SOON = EPOCH + dt.timedelta(seconds=10)
@@ -63,6 +63,37 @@ def test_a_deleted_vmi_detaches_held_and_deletes_template_devices() -> None:
     ]
     template = attached(uid="u1", template=True)
     assert dos(device_actions(with_vmi(None), GPUDevice.from_wire(template), SOON, GRACE)) == [Do.DELETE]
+
+
+def launcher(uid: str, *, phase: str = "Running") -> dict[str, Any]:
+    """The launcher pod of VMI `vm` with this uid, holding one unit on n1."""
+    body = pod("virt-launcher-vm-x", vmi="vm", phase=phase)
+    body["metadata"]["ownerReferences"][0]["uid"] = uid
+    return body
+
+
+def test_a_set_stays_while_its_guest_still_runs_in_a_launcher_pod() -> None:
+    """§6.7: the VMI gone (its finalizers stripped, say) while its launcher pod still runs the guest: the held
+    device stays attached and protected, the template device stays; once the pod ends, both are released, and
+    the collector hears of it from the pod's change."""
+    held = attached(uid="u1")
+    held["metadata"]["finalizers"] = [FINALIZER_IN_USE]
+    template = attached(uid="u1", template=True)
+    c = with_vmi(None)
+    c.apply("Pod", launcher("u1"))
+    assert dos(device_actions(c, GPUDevice.from_wire(held), SOON, GRACE)) == []
+    assert dos(device_actions(c, GPUDevice.from_wire(template), SOON, GRACE)) == [Do.ADD_FINALIZER]
+    ended = c.apply("Pod", launcher("u1", phase="Succeeded"))
+    assert ended.guests_gone == {("t1", "vm")}
+    assert dos(device_actions(c, GPUDevice.from_wire(held), SOON, GRACE)) == [Do.DETACH, Do.REMOVE_FINALIZER]
+    assert dos(device_actions(c, GPUDevice.from_wire(template), SOON, GRACE)) == [Do.DELETE]
+
+
+def test_another_vmis_launcher_keeps_nothing() -> None:
+    """§6.7 by uid: a launcher of another VMI of the name (a restart's new one) is not the gone VMI's guest."""
+    c = with_vmi("u2")
+    c.apply("Pod", launcher("u2"))
+    assert Do.DETACH in dos(device_actions(c, GPUDevice.from_wire(attached(uid="u1")), SOON, GRACE))
 
 
 def test_an_attachment_whose_vmi_never_came_is_cleared_after_the_grace_period() -> None:

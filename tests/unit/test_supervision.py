@@ -66,7 +66,10 @@ def test_a_task_that_dies_is_reported_dead_and_ends_the_process_once(monkeypatch
         cancelled = supervisor.start("accountant", forever)
         failing = supervisor.start("collector", crashing)  # supervised: restarted, again and again
         returned = supervisor.start("leadership", returning, restart=False)
-        await asyncio.sleep(0.1)
+        for _ in range(1000):  # until the failing worker was started again twice, however slow the machine
+            if supervisor.restarts >= 2:
+                break
+            await asyncio.sleep(0.01)
         cancelled.cancel()
         await asyncio.gather(cancelled, returned, return_exceptions=True)
         assert supervisor.dead() == {} and deaths == []

@@ -58,11 +58,15 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
     in_use = False
 
     if attached is not None:
-        if attached.uid is not None and attached.uid != live:
-            # §6.2: the VMI it was attached to is gone (a new one of the name is another VMI).
+        gone = attached.uid is not None and attached.uid != live
+        if gone and not cluster.pods.guest_running(attached.uid or ""):
+            # §6.2: the VMI it was attached to is gone (a new one of the name is another VMI), and §6.7 its guest:
+            # no launcher pod of that VMI holds units any more.
             why = f"VMI {attached.vmi} is gone"
             return [Action(Do.DELETE, why)] if is_template(device) else _detach(device, why)
-        if attached.uid is None and live is not None:
+        if gone:
+            in_use = True  # §6.7: the guest still runs in its launcher pod: the units stay its until the pod ends
+        elif attached.uid is None and live is not None:
             actions.append(Action(Do.RECORD_UID, f"VMI {attached.vmi} exists", live))  # §6.1
             in_use = True
         elif attached.uid is None:
@@ -73,7 +77,7 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
         else:
             in_use = True
         ours = device.name.startswith(f"{attached.vmi}-gpu-")
-        if is_template(device) and owner is None and live is not None and ours:
+        if is_template(device) and owner is None and live is not None and ours and not gone:
             actions.append(Action(Do.OWN, f"VMI {attached.vmi} owns it", live))
     elif request is not None and request.result is None and _expired(request.requested_at, now, grace):
         actions.append(Action(Do.CLEAR_REQUEST, "the bind request went unanswered"))  # §4

@@ -102,6 +102,9 @@ class ControlPlane:
         self.ca = tls.Authority("cozy-dev control plane CA")
         # §14.1: the API server presents a client certificate of this CA to every webhook it calls.
         self.webhook_ca = tls.Authority("cozy-dev webhook client CA")
+        # virt-api's port, known before kube-apiserver starts: virt-api checks client certificates against the
+        # cluster's CA, so the API server presents it none (`_admission_config`).
+        self.virt_api_port = free_port() if kubevirt else 0
         self.server = ""
         self.etcd_url = ""
         self.kubeconfig_path = self.workdir / "kubeconfig"
@@ -279,13 +282,15 @@ class ControlPlane:
 
     def _admission_config(self, certs: Path) -> Path:
         """The AdmissionConfiguration under which the API server presents its webhook client certificate to
-        every webhook ("*"), as Kubernetes documents for webhooks that authenticate the API server."""
+        every webhook ("*") but virt-api's, as Kubernetes documents for webhooks that authenticate the API server."""
         client = self.webhook_ca.client("kube-apiserver-webhook-client")
-        every_webhook = {"name": "*", "user": client_certificate(client)}
-        users = self._write(certs / "webhook-client.kubeconfig", {"apiVersion": "v1", "kind": "Config",
-                                                                  "users": [every_webhook]})  # fmt: skip
+        users = [{"name": "*", "user": client_certificate(client)}]
+        if self.virt_api_port:
+            users.append({"name": f"127.0.0.1:{self.virt_api_port}", "user": {}})
+        users_file = self._write(certs / "webhook-client.kubeconfig", {"apiVersion": "v1", "kind": "Config",
+                                                                       "users": users})  # fmt: skip
         plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
-                  "kubeConfigFile": str(users)}  # fmt: skip
+                  "kubeConfigFile": str(users_file)}  # fmt: skip
         return self._write(certs / "admission.yaml", {
             "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
             "plugins": [{"name": name, "configuration": plugin}

@@ -156,7 +156,7 @@ class KubeVirt:
 
     def _start_virt_api(self, kube: Kube, deadline: float) -> None:
         certs = self._certs("virt-api")
-        port = free_port()
+        port = self._plane.virt_api_port  # chosen before kube-apiserver started: its webhooks get no client cert
         url = f"https://127.0.0.1:{port}"
         kubeconfig = self._token_kubeconfig(kube, API_SA, self._plane.workdir / "virt-api.kubeconfig")
         proc = self._plane.spawn(

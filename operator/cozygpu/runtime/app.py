@@ -142,7 +142,7 @@ class Operator:
         self._tasks: list[asyncio.Task[None]] = []
         # Who hears of which changes: each worker keeps its own queue from them.
         self.view.subscribe(self._device_seen, "GPUDevice")
-        self.view.subscribe(self.collector.changed, "GPUDevice", "VirtualMachineInstance", "GPUClass")
+        self.view.subscribe(self.collector.changed, "GPUDevice", "VirtualMachineInstance", "GPUClass", "Pod")
         self.view.subscribe(self.accountant.changed)
         self.view.subscribe(self._wake)
 

@@ -56,7 +56,7 @@ class Collector:
     # -- what events touch ---------------------------------------------------
 
     def changed(self, change: Change) -> None:
-        """A change of a device, a VMI or a class: what it touches is looked at on the next pass."""
+        """A change of a device, a VMI, a class or a launcher pod: what it touches is looked at on the next pass."""
         match change.kind:
             case "GPUDevice":
                 self.touch_device(change.namespace, change.name)
@@ -64,6 +64,9 @@ class Collector:
                 self.touch_vmi(change.namespace, change.name)
             case "GPUClass":
                 self.touch_class(change.name)
+            case "Pod":
+                for namespace, vmi in change.guests_gone:  # §6.7: a set held for its guest may go now
+                    self.touch_vmi(namespace, vmi)
 
     def touch_device(self, namespace: str, name: str) -> None:
         self._dirty.add((namespace, name))

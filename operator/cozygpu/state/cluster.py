@@ -43,7 +43,8 @@ class Change:
     `nodes` and `namespaces` name where derived status may differ now (GPUNode §8, budget use §9);
     `all_nodes` when a class changed, since any node may serve it or stop serving it. `room` names the
     classes where a waiting device may fit now (units freed, a node started serving, §5.5); `served` the
-    classes whose serving nodes changed, so a waiting device's reason may read differently."""
+    classes whose serving nodes changed, so a waiting device's reason may read differently; `guests_gone` the
+    VMIs whose last launcher pod stopped holding units, so their sets may be released now (§6.7)."""
 
     kind: str
     namespace: str
@@ -55,6 +56,7 @@ class Change:
     all_nodes: bool = False
     room: frozenset[str] = frozenset()
     served: frozenset[str] = frozenset()
+    guests_gone: frozenset[DeviceKey] = frozenset()  # VMIs (namespace, name) whose last launcher pod ended (§6.7)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +181,7 @@ class Cluster:
         return Change(
             kind, namespace, name, deleted, self._changed,
             frozenset(self._nodes_touched), frozenset(self._namespaces_touched), self._all_nodes,
-            frozenset(self._room), frozenset(self._served),
+            frozenset(self._room), frozenset(self._served), frozenset(self.pods.take_ended()),
         )  # fmt: skip
 
     def _begin(self) -> None:

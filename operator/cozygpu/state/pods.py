@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cozygpu.api.pods import EXTENDED, asked, launcher_of
+from cozygpu.api.pods import EXTENDED, asked, launcher_of, owner_vmi
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 PodKey = tuple[str, str]  # (namespace, name)
@@ -41,6 +41,7 @@ class PodUse:
     units: Mapping[str, int]
     vmi: str | None = None
     resource_version: int = 0
+    vmi_uid: str | None = None  # the uid of that VMI: a guest runs for it until the pod ends (§6.7)
 
     @property
     def ident(self) -> str:
@@ -61,6 +62,10 @@ class PodUsage:
     def __init__(self, tombstones: int = DEFAULT_LIMIT) -> None:
         self._pods: dict[PodKey, PodUse] = {}
         self._on: dict[str, set[PodKey]] = {}
+        # Launchers holding units by their VMI's uid (§6.7), and the VMIs (namespace, name) whose launcher
+        # stopped holding units since the owner last took them (`take_ended`).
+        self._guests: dict[str, set[PodKey]] = {}
+        self._ended: set[tuple[str, str]] = set()
         # Pods removed or ended: a late event of an earlier version must not bring them back.
         self._gone = Tombstones(tombstones)
 
@@ -83,20 +88,26 @@ class PodUsage:
         node = _str(spec.get("nodeName"))
         if ended or not asks or not node:
             return self._forget(key)
+        vmi = launcher_of(body)
+        owner = owner_vmi(body) if vmi else None
         new = PodUse(
             namespace=sys.intern(key[0]),
             name=key[1],
             node=sys.intern(node),
             units={sys.intern(r): n for r, n in asks.items()},
-            vmi=launcher_of(body),
+            vmi=vmi,
             resource_version=version(rv),
+            vmi_uid=owner[1] if owner and owner[1] else None,
         )
         self._pods[key] = new
-        if old is not None and (old.node, old.units, old.vmi) == (new.node, new.units, new.vmi):
+        if old is not None and (old.node, old.units, old.vmi, old.vmi_uid) == (new.node, new.units, new.vmi,
+                                                                                 new.vmi_uid):  # fmt: skip
             return set()
         if old is not None:
-            self._unindex(key, old.node)
+            self._unindex(key, old)
         self._on.setdefault(new.node, set()).add(key)
+        if new.vmi_uid:
+            self._guests.setdefault(new.vmi_uid, set()).add(key)
         return {new.node} | ({old.node} if old is not None else set())
 
     def remove(self, namespace: str, name: str, resource_version: str | None = None) -> set[str]:
@@ -112,15 +123,27 @@ class PodUsage:
         old = self._pods.pop(key, None)
         if old is None:
             return set()
-        self._unindex(key, old.node)
+        self._unindex(key, old)
         return {old.node}
 
-    def _unindex(self, key: PodKey, node: str) -> None:
-        keys = self._on.get(node)
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._on[node]
+    def _unindex(self, key: PodKey, old: PodUse) -> None:
+        for index, value in ((self._on, old.node), (self._guests, old.vmi_uid)):
+            keys = index.get(value) if value else None
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del index[value]  # type: ignore[arg-type]
+        if old.vmi_uid and old.vmi and old.vmi_uid not in self._guests:
+            self._ended.add((old.namespace, old.vmi))
+
+    def guest_running(self, vmi_uid: str) -> bool:
+        """Whether a launcher pod of the VMI with this uid still holds units on a node (§6.7)."""
+        return vmi_uid in self._guests
+
+    def take_ended(self) -> set[tuple[str, str]]:
+        """The VMIs (namespace, name) whose last launcher stopped holding units since the last call."""
+        ended, self._ended = self._ended, set()
+        return ended
 
     def on(self, node: str) -> list[PodUse]:
         """The pods holding units on the node, by namespace and name."""
