@@ -26,6 +26,7 @@ import contextlib
 import datetime as dt
 import math
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -120,8 +121,11 @@ def why(e: Exception) -> str:
     if isinstance(e, ApiError):
         if "did not answer" in e.message:
             return "bind timeout"  # the operator's own: its binder did not answer in time
+        if "TLS handshake timeout" in e.message:
+            return "webhook TLS handshake timeout"  # the API server's transport gives up at 10 s: nothing answered
         if "deadline exceeded" in e.message or "timeout" in e.message.lower():
-            return "webhook timeout"
+            limit = re.search(r"[?&]timeout=(\w+)", e.message)  # the webhook's timeoutSeconds, as the URL says
+            return f"webhook timeout ({limit.group(1)})" if limit else "webhook timeout"
         return "refused" if e.status == 403 else f"error {e.status}"
     return "client timeout" if isinstance(e, requests.Timeout) else type(e).__name__
 
@@ -268,6 +272,8 @@ def part_a(args: argparse.Namespace, logs: Path) -> None:
             if churner is not None:
                 churner.join(CHURN_WAIT + 35)
             said = stop_operator(operator)
+            if (plane.workdir / "kube-apiserver.log").exists():  # the plane's workdir goes with it
+                shutil.copy(plane.workdir / "kube-apiserver.log", logs / "kube-apiserver-beside.log")
     took = time.monotonic() - started
     report_a(args, alone, beside, spun, setup_took=setup_took, backlog_took=backlog_took, pending=pending,
              said=said, took=took)  # fmt: skip
@@ -339,6 +345,9 @@ def report_a(
               f"{len(spun.errors)} errors{errors}")  # fmt: skip
         print(f"  A's {args.backlog} devices created; {pending} Pending {backlog_took:.0f}s after the first create")
     print(f"  setup (nodes, operator ready, warm-up) {setup_took:.0f}s; part A {took:.0f}s in all; operator {said}")
+    for name, phase in (("alone", alone), ("beside", beside)):
+        if phase is not None:
+            print(f"  B's creates {name}, each (s): " + " ".join(f"{c:.1f}" for c in phase.creates))
     for cause, message in {**alone.examples, **(beside.examples if beside else {})}.items():
         print(f"  a {cause}: {message[:300]}")
     sys.stdout.flush()
