@@ -93,6 +93,7 @@ def _run(args: argparse.Namespace) -> int:
         "pod_scan_interval": args.pod_scan_interval,
         "max_devices_per_vmi": args.max_devices_per_vmi,
         "max_admissions_per_namespace": args.max_admissions_per_namespace,
+        "budgets_required": True if args.budgets_required else None,
         "crash_at_write": args.crash_at_write,
         "watch_timeout": args.watch_timeout,
         "health_host": args.health_host,
@@ -141,6 +142,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--watch-timeout", type=int, help=argparse.SUPPRESS)  # COZYGPU_WATCH_TIMEOUT; tests shorten it
     run.add_argument(
         "--max-devices-per-vmi", type=int, help="device references a VMI may list (default 64); more are refused"
+    )
+    run.add_argument(
+        "--budgets-required",
+        action="store_true",
+        help="refuse GPU orders in a namespace no GPUBudget covers (COZYGPU_BUDGETS_REQUIRED)",
     )
     run.add_argument(
         "--max-admissions-per-namespace",

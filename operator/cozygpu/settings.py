@@ -67,6 +67,11 @@ class Settings(BaseModel):
         description="Device references a VMI may list (§3.2); a set must fit one node, and the largest GPU nodes "
         "hold 8-16 GPUs or some tens of vGPUs.",
     )
+    budgets_required: bool = Field(
+        default=False,
+        description="Refuse GPU orders in a namespace no GPUBudget covers (§7); off, such a namespace may order"
+        " every free GPU.",
+    )
     max_admissions_per_namespace: int = Field(
         default=16,
         ge=1,

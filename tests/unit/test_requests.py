@@ -102,3 +102,20 @@ def test_a_device_attached_elsewhere_fails_the_request() -> None:
     answer = assess(c, "r1", NOW, LATE)
     assert isinstance(answer, Answer)
     assert answer.outcome == NoPlacement("GPUDevice a is not attached to VMI vm")
+
+
+def test_where_budgets_are_required_a_namespace_without_one_gets_no_new_units() -> None:
+    """§7, `--budgets-required`: at bind time a template order in a namespace no GPUBudget covers is refused,
+    naming the namespace; with a budget covering it, or without the setting, it is placed."""
+    status = request("r1", "vm", ["vm-gpu-0"], EPOCH)
+    templates = [device("vm-gpu-0", template=True, status=status)]
+    c = cluster(nodes=[node("n1", {A10: 2})], classes=[gpu_class("a10")], devices=templates)
+    refused = assess(c, "r1", NOW, LATE, budgets_required=True)
+    assert isinstance(refused, Answer) and refused.outcome == NoPlacement(
+        "GPUDevice vm-gpu-0: namespace t1 has no GPUBudget, and this cluster requires one"
+    )
+    placed = assess(c, "r1", NOW, LATE)
+    assert isinstance(placed, Answer) and isinstance(placed.outcome, Placement)
+    c.upsert_budget(budget("cap", "t1", total=4))
+    covered = assess(c, "r1", NOW, LATE, budgets_required=True)
+    assert isinstance(covered, Answer) and isinstance(covered.outcome, Placement)

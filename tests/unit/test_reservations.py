@@ -50,3 +50,12 @@ def test_the_view_seeing_a_device_ends_its_reservation(name: str) -> None:
     assert create(v, name, 1) is None and reservations.holds("t1", name)
     reservations.seen("t1", name)
     assert reservations.orders() == [] and not reservations.holds("t1", name)
+
+
+def test_where_budgets_are_required_a_held_device_needs_one_at_create() -> None:
+    """§7, `--budgets-required`: the GPUDevice webhook refuses a held order in a namespace no budget covers."""
+    nodes, classes = [node("n1", {A10: 8})], [gpu_class("a10")]
+    strict = Validation(cluster(nodes=nodes, classes=classes), Reservations(ttl=30), budgets_required=True)
+    assert create(strict, "a", 1) == "GPUDevice a: namespace t1 has no GPUBudget, and this cluster requires one"
+    lenient = Validation(cluster(nodes=nodes, classes=classes), Reservations(ttl=30))
+    assert create(lenient, "a", 1) is None

@@ -47,11 +47,14 @@ def entitled(cluster: Cluster, namespace: str, class_name: str) -> bool:
     return cls is not None and selector_matches(cls.spec.namespace_selector, cluster.namespace_labels(namespace))
 
 
-def check_orders(cluster: Cluster, orders: Sequence[Order], prior: Sequence[Order] = ()) -> str | None:
+def check_orders(
+    cluster: Cluster, orders: Sequence[Order], prior: Sequence[Order] = (), *, required: bool = False
+) -> str | None:
     """§7.1: every order in turn, each counting the ones before it; the first refusal, or None.
 
     `prior` are orders admitted but not yet in the view (held devices just created): they
-    count, but are not checked again."""
+    count, but are not checked again. `required`: a namespace no budget covers orders nothing
+    (otherwise it may order every free GPU; docs/security.md)."""
     used: dict[tuple[str, str], dict[str, int]] = {}
     for order in prior:
         for budget in covering_budgets(cluster, order.namespace):
@@ -62,6 +65,8 @@ def check_orders(cluster: Cluster, orders: Sequence[Order], prior: Sequence[Orde
         if not entitled(cluster, order.namespace, order.class_name):
             return f"{order.what}: namespace {order.namespace} is not entitled to GPUClass {order.class_name}"
         budgets = covering_budgets(cluster, order.namespace)
+        if required and not budgets:
+            return f"{order.what}: namespace {order.namespace} has no GPUBudget, and this cluster requires one"
         for budget in budgets:
             key = (budget.namespace or "", budget.name)
             tally = used.setdefault(key, usage(cluster, budget))

@@ -49,6 +49,8 @@ def assess(
     now: dt.datetime,
     incomplete_after: dt.timedelta,
     prior: Sequence[Order] = (),
+    *,
+    budgets_required: bool = False,
 ) -> Assessment:
     """None when there is nothing to answer (answered already, or gone).
 
@@ -91,7 +93,7 @@ def assess(
     orders = [
         Order(namespace, d.spec.class_name, d.spec.count, f"GPUDevice {d.name}") for d in devices if not counts(d)
     ]
-    refusal = check_orders(cluster, orders, prior)
+    refusal = check_orders(cluster, orders, prior, required=budgets_required)
     if refusal is not None:
         return Answer(request, namespace, devices, NoPlacement(refusal))
     return Answer(request, namespace, devices, place(cluster, devices))

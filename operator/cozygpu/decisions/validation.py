@@ -20,7 +20,13 @@ def _is_template(device: GPUDevice) -> bool:
 
 
 def device_create(
-    cluster: Cluster, device: GPUDevice, requester: str, operator: str, prior: Sequence[Order] = ()
+    cluster: Cluster,
+    device: GPUDevice,
+    requester: str,
+    operator: str,
+    prior: Sequence[Order] = (),
+    *,
+    budgets_required: bool = False,
 ) -> str | None:
     """§9.1 CREATE: the class takes orders, the count fits, the order passes §7; template label is ours."""
     what = f"GPUDevice {device.name}"
@@ -44,7 +50,7 @@ def device_create(
     if _is_template(device):
         return None  # an order of its VMI's admission, checked there (§3.9) and at bind time (§5.4)
     order = Order(device.namespace or "", cls.name, device.spec.count, what)
-    return check_orders(cluster, [order], prior)
+    return check_orders(cluster, [order], prior, required=budgets_required)
 
 
 def device_update(old: GPUDevice, new: GPUDevice, requester: str, operator: str) -> str | None:

@@ -85,6 +85,7 @@ class Operator:
             incomplete_after=settings.bind_timeout,
             concurrency=connections,
             reserved=self.reservations.orders,
+            budgets_required=settings.budgets_required,
             events=self.events,
             metrics=self.metrics,
         )
@@ -99,11 +100,12 @@ class Operator:
             bind_timeout=settings.bind_timeout,
             max_devices=settings.max_devices_per_vmi,
             max_per_namespace=settings.max_admissions_per_namespace,
+            budgets_required=settings.budgets_required,
             writer=self.writer,
             events=self.events,
             calls_in_flight=max(2, connections // 8),
         )
-        self.validation = Validation(self.cluster, self.reservations)
+        self.validation = Validation(self.cluster, self.reservations, budgets_required=settings.budgets_required)
         self.gate = Gate(
             self.vmis,
             LauncherAdmission(self.cluster, settings.kubevirt_controller_user),

@@ -50,6 +50,7 @@ class Binder:
         concurrency: int,
         clock: Callable[[], dt.datetime] = utcnow,
         reserved: Callable[[], Sequence[Order]] = tuple,
+        budgets_required: bool = False,
         events: Recorder | None = None,
         metrics: Metrics | None = None,
     ) -> None:
@@ -58,6 +59,7 @@ class Binder:
         self._incomplete_after = dt.timedelta(seconds=incomplete_after)
         self._clock = clock
         self._reserved = reserved
+        self._budgets_required = budgets_required
         self._events = events
         self._metrics = metrics
         self._wake = asyncio.Event()
@@ -148,7 +150,14 @@ class Binder:
                 continue
             # The slot first: nothing may change between the decision and its assumption in the view.
             await self._in_flight.acquire()
-            assessment = assess(self._cluster, request_id, self._clock(), self._incomplete_after, self._reserved())
+            assessment = assess(
+                self._cluster,
+                request_id,
+                self._clock(),
+                self._incomplete_after,
+                self._reserved(),
+                budgets_required=self._budgets_required,
+            )
             if isinstance(assessment, Answer):
                 self._answer(assessment)
                 continue

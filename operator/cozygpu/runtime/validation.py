@@ -25,9 +25,10 @@ class Denied(Exception):
 
 
 class Validation:
-    def __init__(self, cluster: Cluster, reservations: Reservations) -> None:
+    def __init__(self, cluster: Cluster, reservations: Reservations, *, budgets_required: bool = False) -> None:
         self._cluster = cluster
         self._reservations = reservations
+        self._budgets_required = budgets_required
         self.operator_user = ""  # learned at start-up (SelfSubjectReview)
 
     async def device(
@@ -38,7 +39,12 @@ class Validation:
             namespace, held = device.namespace or "", LABEL_TEMPLATE_DEVICE not in device.metadata.labels
             async with self._reservations.lock:  # one held-device order at a time (§7.4)
                 problem = validation.device_create(
-                    self._cluster, device, user, self.operator_user, self._reservations.orders()
+                    self._cluster,
+                    device,
+                    user,
+                    self.operator_user,
+                    self._reservations.orders(),
+                    budgets_required=self._budgets_required,
                 )
                 if problem is None and held and self._taken(namespace, device.name):
                     # The API server would answer AlreadyExists after admission: its order must not count.

@@ -68,6 +68,7 @@ class VMIAdmission:
         max_devices: int,
         writer: Writer,
         max_per_namespace: int = 16,
+        budgets_required: bool = False,
         events: Recorder | None = None,
         calls_in_flight: int = 4,
     ) -> None:
@@ -83,6 +84,7 @@ class VMIAdmission:
         self._writer = writer  # its writes' responses go into the view, which wakes the binder
         # Admissions under way per namespace (§14.3): one tenant cannot hold every API call and bind.
         self._max_per_namespace = max_per_namespace
+        self._budgets_required = budgets_required
         self._under_way: dict[str, int] = {}
         self._events = events
 
@@ -149,7 +151,10 @@ class VMIAdmission:
         own = admission.own_gpu_entries(vmi, gpus, admission.gpu_resource_names(self._cluster, self._permitted()))
         if own:
             raise Refusal("the VMI carries GPU entries of its own next to device references: " + ", ".join(own))
-        refusal = budgets.check_orders(self._cluster, admission.orders(namespace, members), self._reservations.orders())
+        orders = admission.orders(namespace, members)
+        refusal = budgets.check_orders(
+            self._cluster, orders, self._reservations.orders(), required=self._budgets_required
+        )
         if refusal:
             raise Refusal(refusal)
         if dry_run:
