@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import uuid
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -81,3 +84,20 @@ def test_metrics_are_served_only_to_callers_allowed_to_get_them(
     assert allowed.status_code == 200 and "# TYPE cozygpu_devices gauge" in allowed.text
     assert "cozygpu_" not in nosy.text + admitting.metrics(None).text
     assert admitting.ready() and admitting.healthy()
+
+
+def test_a_flood_of_made_up_tokens_costs_two_checks_at_a_time_and_admissions_go_on(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, metrics_token: str
+) -> None:
+    """§14.3, §14.4: 60 scrapes at once with made-up tokens are each answered 401, or 503 while two checks are
+    already under way (the API client pool is the admissions' and the binder's); a VMI is admitted meanwhile."""
+    gpu_node({gpu.resource: 1}, name=f"flood-{gpu.cls}")
+    with concurrent.futures.ThreadPoolExecutor(30) as pool:
+        flood = [pool.submit(admitting.metrics, f"made-up-{uuid.uuid4().hex}") for _ in range(60)]
+        refs = [{"deviceTemplate": {"className": gpu.cls, "count": 1}}]
+        admitted = kube.create(kinds.VMI, vmi_body("meanwhile", namespace, refs))
+        codes = [f.result(timeout=60).status_code for f in flood]
+    assert set(codes) <= {401, 503} and 503 in codes, codes
+    assert admitted["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpudev0-0", "deviceName": gpu.resource}]
+    assert admitting.metrics(metrics_token).status_code == 200
+    kube.delete(kinds.VMI, "meanwhile", namespace)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from cozygpu.api import GPUDevice
 from cozygpu.decisions import transitions
 from cozygpu.decisions.placement import Placement, place, place_scanning
-from cozygpu.decisions.waiting import fits_now, in_turn, must_decide, to_decide
+from cozygpu.decisions.waiting import fits_now, in_turn, must_decide, overtakes, to_decide
 from cozygpu.state import serving
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
 from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class, node, pod, rv
@@ -44,6 +44,8 @@ class Binder:
         self.served: set[str] = set()
         self.fresh: set[DeviceKey] = set()
         self.first = True
+        self.rest: list[GPUDevice] = []
+        self.between: Any = None  # called after each decision: an event landing while a write yields
 
     def apply(self, kind: str, body: dict[str, Any], *, deleted: bool = False) -> Change:
         change = self.c.apply(kind, body, deleted=deleted)
@@ -60,7 +62,8 @@ class Binder:
             musts, room, self.first = in_turn(self.c), set(), False
         else:
             musts, room = must_decide(self.c, self.served, self.fresh), self.room - self.served
-        self.room, self.served, self.fresh = set(), set(), set()
+            musts = sorted({(x.namespace, x.name): x for x in [*self.rest, *musts]}.values(), key=self.c.turn)
+        self.room, self.served, self.fresh, self.rest = set(), set(), set(), []
         decisions = most = 0
         for d, for_room in to_decide(self.c, musts, room):
             if for_room and not fits_now(self.c, d):
@@ -68,6 +71,10 @@ class Binder:
             current = self.c.device(d.namespace or "", d.name)
             if current is None or not current.awaits_node:
                 continue
+            if overtakes(self.c, current):  # as the binder: an older device of the class fits, it goes first
+                self.room.add(current.spec.class_name)
+                self.rest = [x for x in musts if self.c.turn(x) >= self.c.turn(current)]
+                return decisions, most
             CountingNodes.visits = 0
             outcome = place(self.c, [current])
             decisions, most = decisions + 1, max(most, CountingNodes.visits)
@@ -80,12 +87,14 @@ class Binder:
                 body = new.wire()
                 body["metadata"]["resourceVersion"] = rv()
                 self.apply("GPUDevice", body)
+            if self.between is not None:
+                self.between()
         return decisions, most
 
     def settle(self) -> list[tuple[int, int]]:
         """Passes until nothing is left to decide, as the binder's loop runs them."""
         passes = [self.one_pass()]
-        while self.room or self.served or self.fresh:
+        while self.room or self.served or self.fresh or self.rest:
             passes.append(self.one_pass())
             assert len(passes) < 50, "the passes never settle"
         return passes
@@ -229,3 +238,29 @@ def test_waiting_devices_by_class_and_size_are_what_the_view_holds() -> None:
     assert [d.name for d in c.waiting("a10")] == ["c", "b", "a"]
     assert [d.name for d in c.waiting("a10", 2)] == ["b", "a"]
     assert all(isinstance(d, GPUDevice) for d in c.waiting("a10"))
+
+
+def test_room_freed_while_a_pass_is_under_way_goes_to_the_oldest_device_of_the_class() -> None:
+    """§5.5: O waits on a full node; A (no node serves its class) and F (O's class, younger) arrive; a unit is
+    freed while A's waiting write is out: O gets it, F keeps waiting."""
+    c = cluster(
+        nodes=[node("n1", {A10: 1})],
+        classes=[gpu_class("a10"), gpu_class("nowhere", nodeSelector={"pool": "none"})],
+        devices=[device("h", phase="Bound", node_name="n1"), device("o", created=1)],
+    )
+    b = Binder(c)
+    b.settle()
+    b.apply("GPUDevice", device("a", "nowhere", created=2))
+    b.apply("GPUDevice", device("f", created=3))
+    held = c.device("t1", "h")
+    assert held is not None
+
+    def free_the_unit() -> None:
+        b.between = None
+        b.apply("GPUDevice", held.wire(), deleted=True)
+
+    b.between = free_the_unit
+    b.settle()
+    o, f = c.device("t1", "o"), c.device("t1", "f")
+    assert o is not None and o.holds_gpus
+    assert f is not None and not f.holds_gpus

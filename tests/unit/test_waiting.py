@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cozygpu.api import GPUDevice
-from cozygpu.decisions.waiting import in_turn, lost
+from cozygpu.decisions.waiting import in_turn, lost, overtakes
 from tests.builders import A10, EPOCH, cluster, device, gpu_class, node, request
 
 
@@ -73,3 +73,18 @@ def test_devices_bound_to_a_node_that_is_gone_are_lost_and_no_others() -> None:
     assert [(d.name, n) for d, n in lost(c)] == [("on-n2", "n2")]
     c.upsert_node(node("n2", {A10: 2}))
     assert list(lost(c)) == []
+
+
+def test_room_that_appears_mid_pass_goes_to_the_oldest_device_that_fits() -> None:
+    """§5.5: with two units freed, the older two-unit device overtakes a younger one-unit one of its class;
+    with one unit free only the younger fits, and nothing older stands in its way."""
+    held = [device(f"h{i}", phase="Bound", node_name="n1") for i in range(2)]
+    c = cluster(nodes=[node("n1", {A10: 2})], classes=[gpu_class("a10")],
+                devices=[*held, device("old", count=2, created=1), device("young", created=2)])  # fmt: skip
+    old, young = c.device("t1", "old"), c.device("t1", "young")
+    assert old is not None and young is not None
+    assert not overtakes(c, young) and not overtakes(c, old)  # nothing fits: nothing to give first
+    c.remove_device("t1", "h0")
+    assert not overtakes(c, young)  # one unit: the older one does not fit it
+    c.remove_device("t1", "h1")
+    assert overtakes(c, young) and not overtakes(c, old)

@@ -36,6 +36,14 @@ def must_decide(cluster: Cluster, served: Iterable[str], fresh: Iterable[DeviceK
     return sorted(picked.values(), key=cluster.turn)
 
 
+def overtakes(cluster: Cluster, device: GPUDevice) -> bool:
+    """§5.5: whether an older device of its class waits that fits somewhere now: room that appeared while a pass
+    was under way goes to that one first, not to this one. O(log n) from the view's indexes."""
+    name = device.spec.class_name
+    oldest = cluster.next_waiting(name, cluster.serving.most_free(name), None)
+    return oldest is not None and cluster.turn(oldest) < cluster.turn(device)
+
+
 def fits_now(cluster: Cluster, device: GPUDevice) -> bool:
     """Whether some node serving the device's class has its units free: O(1) from the view's index."""
     return 0 < device.spec.count <= cluster.serving.most_free(device.spec.class_name)

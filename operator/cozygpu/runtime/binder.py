@@ -24,7 +24,7 @@ from cozygpu.decisions import transitions
 from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.placement import NoPlacement, Placement, place
 from cozygpu.decisions.requests import Answer, Wait, assess
-from cozygpu.decisions.waiting import fits_now, in_turn, lost, must_decide, to_decide
+from cozygpu.decisions.waiting import fits_now, in_turn, lost, must_decide, overtakes, to_decide
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.writes import Writer
@@ -273,21 +273,29 @@ class Binder:
             room = self._room - self._served
         self._fresh, self._room, self._served, self._rest = set(), set(), set(), []
         self._passed_over.clear()
-        decided, at = 0, 0
-        for device, for_room in to_decide(self._cluster, musts, room):
-            if not for_room:
-                at += 1
-            await self._breathe()
-            if for_room and not fits_now(self._cluster, device):
-                continue  # room it was woken for went to an older device: no decision, no scan
-            # Each pass decides one device at least, so admissions arriving without end starve nothing.
-            aside = decided > 0 and self._stepping_aside()
-            if aside or not await self._decide(device, may_step_aside=decided > 0):
-                self._rest = musts[at - 1 :] if not for_room else musts[at:]
-                self._room |= room
-                self._wake.set()
-                return
-            decided += 1
+        decided, at, for_room = 0, 0, False
+        try:
+            for device, for_room in to_decide(self._cluster, musts, room):
+                if not for_room:
+                    at += 1
+                await self._breathe()
+                if for_room and not fits_now(self._cluster, device):
+                    continue  # room it was woken for went to an older device: no decision, no scan
+                # Each pass decides one device at least, so admissions arriving without end starve nothing.
+                aside = decided > 0 and self._stepping_aside()
+                if aside or not await self._decide(device, may_step_aside=decided > 0):
+                    self._keep(musts, at, for_room, room)
+                    return
+                decided += 1
+        except BaseException:
+            self._keep(musts, at, for_room, room)  # what failed or was cancelled is decided again, not lost
+            raise
+
+    def _keep(self, musts: list[GPUDevice], at: int, for_room: bool, room: set[str]) -> None:
+        """What a pass had left (from the device it stopped at), for the next pass, first."""
+        self._rest = musts[max(at - 1, 0) :] if not for_room else musts[at:]
+        self._room |= room
+        self._wake.set()
 
     def _stepping_aside(self) -> bool:
         """A request waits for its answer, or room appeared that a device passed over in this pass could use."""
@@ -308,6 +316,11 @@ class Binder:
         if current is None or self._cluster.assumed(*key) or not current.awaits_node:
             self._in_flight.release()
             return True
+        if overtakes(self._cluster, current):
+            # Room appeared mid-pass that an older device of the class fits in: it goes first (§5.5).
+            self._in_flight.release()
+            self._room.add(current.spec.class_name)
+            return False
         outcome = place(self._cluster, [current])
         self.decided += 1
         if self._metrics is not None:
@@ -321,7 +334,13 @@ class Binder:
         self._in_flight.release()
         self._passed_over.add(current.spec.class_name)
         new = transitions.waiting(current, outcome.message, self._clock())
-        if new != current and not await self._write(new):
+        try:
+            if new != current and not await self._write(new):
+                return True
+        except Exception as e:  # the API failed us: decided again on the next pass, the pass goes on
+            log.warning("binder.write_failed", namespace=key[0], device=key[1], error=str(e))
+            self._fresh.add(key)
+            self._wake.set()
             return True
         if current.status.phase is None or current.status.message != new.status.message:
             log.info("device.waiting", namespace=key[0], device=key[1], message=new.status.message)

@@ -4,11 +4,14 @@ controller-runtime's secure metrics do. The metrics name every tenant's namespac
 
 Called by the health server per scrape. Answers are kept for a short while per token (hashed), in a
 bounded table, so a scrape every few seconds costs the API server two calls a minute, and no stream of
-made-up tokens grows the operator's memory.
+made-up tokens grows the operator's memory. At most two callers are checked at once, and a caller who
+finds both under way is answered 503 at once: a stream of made-up tokens costs the API client pool two
+calls in flight, never the calls admissions and the binder wait on (§14.3).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections import OrderedDict
@@ -24,6 +27,7 @@ log = structlog.get_logger("cozygpu.metrics")
 PATH = "/metrics"
 REMEMBERED = 1024  # tokens whose answer is kept
 FOR = 60.0  # seconds an answer is kept
+CHECKING = 2  # callers checked against the API server at once
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class MetricsGuard:
         self._kube = kube
         self._answers: OrderedDict[str, tuple[float, Verdict]] = OrderedDict()
         self._remembered, self._keep_for = remembered, keep_for
+        self._checking = asyncio.Semaphore(CHECKING)
 
     async def __call__(self, authorization: str | None) -> tuple[int, str]:
         """The health server's question: (status, why) for a request's Authorization header."""
@@ -53,7 +58,10 @@ class MetricsGuard:
         if kept is not None and kept[0] > time.monotonic():
             self._answers.move_to_end(key)
             return kept[1]
-        verdict = await self._ask(token.strip())
+        if self._checking.locked():
+            return Verdict(503, "busy checking other callers of /metrics; try again")
+        async with self._checking:
+            verdict = await self._ask(token.strip())
         if verdict.status != 503:  # an API server that did not answer is asked again next time
             self._answers[key] = (time.monotonic() + self._keep_for, verdict)
             self._answers.move_to_end(key)
