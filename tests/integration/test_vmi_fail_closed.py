@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.devcluster import identity
+from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
@@ -137,3 +137,26 @@ def test_an_api_failure_in_the_middle_of_a_bind_undoes_the_calls_writes(
         status = kube.get(kinds.GPU_DEVICE, "h", namespace)["status"]
         assert "attachedTo" not in status and "bindRequest" not in status
         assert status["phase"] == "Bound"
+
+
+def test_a_waiting_write_the_api_refuses_loses_none_of_the_pass(
+    control_plane: ControlPlane, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
+) -> None:
+    """A node turns Ready and the binder decides both of its class's waiting devices in one pass, the older first;
+    the API refuses the older one's waiting status: the younger one, which fits the new node, is Bound all the
+    same (the pass went on, and lost nothing it had left)."""
+    with operator_with(control_plane, tmp_path, rules_with_status_writes_only_for(["hold", "fits"])):
+        accounted(kube, gpu_node({gpu.resource: 2}, name=f"full-{gpu.cls}"))
+        late = gpu_node({gpu.resource: 1}, name=f"late-{gpu.cls}", ready=False)
+        accounted(kube, late)
+        kube.create(kinds.GPU_DEVICE, gpu_device_body("hold", namespace, gpu.cls, count=2))
+        wait_for("hold Bound", lambda: kube.get(kinds.GPU_DEVICE, "hold", namespace).get("status", {})
+                 .get("phase") == "Bound")  # fmt: skip
+        kube.create(kinds.GPU_DEVICE, gpu_device_body("big", namespace, gpu.cls, count=2))
+        kube.create(kinds.GPU_DEVICE, gpu_device_body("fits", namespace, gpu.cls))
+        wait_for("fits Pending", lambda: kube.get(kinds.GPU_DEVICE, "fits", namespace).get("status", {})
+                 .get("phase") == "Pending")  # fmt: skip
+        nodes.set_ready(kube, late["metadata"]["name"], True)
+        wait_for("fits Bound", lambda: kube.get(kinds.GPU_DEVICE, "fits", namespace).get("status", {})
+                 .get("phase") == "Bound", timeout=20)  # fmt: skip
+        assert "phase" not in kube.get(kinds.GPU_DEVICE, "big", namespace).get("status", {})
