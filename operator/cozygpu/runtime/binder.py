@@ -249,7 +249,12 @@ class Binder:
         for device, node in list(lost(self._cluster)):
             await self._breathe()
             why = f"node {node} is gone"
-            if await self._write(transitions.lost(device, why, self._clock())):
+            try:
+                written = await self._write(transitions.lost(device, why, self._clock()))
+            except Exception as e:  # the API failed us on this one: the rest of the step goes on, it is tried again
+                log.warning("binder.write_failed", namespace=device.namespace, device=device.name, error=str(e))
+                continue
+            if written:
                 log.info("device.lost", namespace=device.namespace, device=device.name, node=node)
                 self._post(device, "Lost", why)
 
