@@ -75,7 +75,6 @@ class Binder:
         # A bind request arrived: its admission waits, so the waiting room steps aside (§14.3).
         self._asked = False
         self._yielded = time.monotonic()
-        self.decided = 0  # placements decided outside requests, for the tests' and the metrics' counts
         # Writes in flight, bounded so decisions never run far ahead of the API, and to half the
         # client's pool: admissions, the accountant and the collector get the other half.
         self._in_flight = asyncio.Semaphore(max(1, concurrency // 2))
@@ -327,7 +326,6 @@ class Binder:
             self._room.add(current.spec.class_name)
             return False
         outcome = place(self._cluster, [current])
-        self.decided += 1
         if self._metrics is not None:
             self._metrics.decisions.labels("Bound" if isinstance(outcome, Placement) else "Pending").inc()
         if isinstance(outcome, Placement):

@@ -284,20 +284,19 @@ class VMIAdmission:
             return
         raise Refusal(f"GPUDevice {device.name} kept changing while being attached; KubeVirt retries the start")
 
-    async def _vmi_named(self, namespace: str, name: str) -> bool:
-        """Whether a VMI of this name exists, fresh from the API: the view may not have heard of its creation,
-        or of its deletion (a restart creates the name again at once)."""
+    async def _read_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The VMI of this name fresh from the API: the view may not have heard of its creation, or of its
+        deletion (a restart creates the name again at once)."""
         try:
-            return await self._kube.get_or_none(kinds.VMI, name, namespace) is not None
+            return await self._kube.get_or_none(kinds.VMI, name, namespace)
         except ApiError as e:
             raise InternalError(f"reading VirtualMachineInstance {namespace}/{name}: {e.message}") from None
 
+    async def _vmi_named(self, namespace: str, name: str) -> bool:
+        return await self._read_vmi(namespace, name) is not None
+
     async def _vmi_exists(self, namespace: str, name: str, uid: str) -> bool:
-        """Fresh from the API: the view may not have heard of the deletion yet, which is the race."""
-        try:
-            body = await self._kube.get_or_none(kinds.VMI, name, namespace)
-        except ApiError as e:
-            raise InternalError(f"reading VirtualMachineInstance {namespace}/{name}: {e.message}") from None
+        body = await self._read_vmi(namespace, name)
         return body is not None and body.get("metadata", {}).get("uid") == uid
 
     async def _wait(self, namespace: str, request: BindRequest) -> list[GPUDevice] | None:
