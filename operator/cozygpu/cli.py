@@ -151,7 +151,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--max-admissions-per-namespace",
         type=int,
-        help="VMI admissions one namespace may have under way at once (default 16); more are refused",
+        help="VMI admissions one namespace may have under way at once (default 128); more are refused",
     )
     run.add_argument(
         "--pod-scan-interval", type=float, help="period of the list of every pod on a node, seconds (default 300)"

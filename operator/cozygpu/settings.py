@@ -73,11 +73,12 @@ class Settings(BaseModel):
         " every free GPU.",
     )
     max_admissions_per_namespace: int = Field(
-        default=16,
+        default=128,
         ge=1,
         le=1024,
         description="VMI admissions one namespace may have under way at once (§14.3); more are refused at once, and"
-        " KubeVirt retries: one tenant cannot hold every API call and bind of the operator.",
+        " KubeVirt retries: one tenant cannot hold every API call and bind of the operator. Above the burst of"
+        " 100 concurrent creates §13.2 admits.",
     )
     watch_timeout: int = Field(
         default=240,

@@ -67,7 +67,7 @@ class VMIAdmission:
         bind_timeout: float,
         max_devices: int,
         writer: Writer,
-        max_per_namespace: int = 16,
+        max_per_namespace: int = 128,
         budgets_required: bool = False,
         events: Recorder | None = None,
         calls_in_flight: int = 4,
