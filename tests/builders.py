@@ -131,6 +131,7 @@ def pod(
     vmi: str | None = None,
     init: dict[str, int | str] | None = None,
     version: int | None = None,
+    vmi_uid: str = "u",
 ) -> dict[str, Any]:
     """A pod as a watch delivers it, asking for `asks` (default one A10) besides CPU and memory; with `vmi`,
     the launcher virt-controller renders for that VMI (its label, the VMI as controller)."""
@@ -138,7 +139,7 @@ def pod(
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "resourceVersion": str(version or rv())}
     if vmi is not None:
         meta["labels"] = {"kubevirt.io": "virt-launcher"}
-        owner = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vmi, "uid": "u"}
+        owner = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vmi, "uid": vmi_uid}
         meta["ownerReferences"] = [{**owner, "controller": True}]
     spec: dict[str, Any] = {"containers": [{"name": "c", "resources": {"requests": resources, "limits": resources}}]}
     if init:

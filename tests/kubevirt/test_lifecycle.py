@@ -145,3 +145,56 @@ def test_a_vmi_whose_finalizers_a_tenant_strips_keeps_its_set_until_its_guest_is
         kv.patch(kinds.POD, name, {"metadata": {"finalizers": None}}, ns)
     wait_for("the held device detached", lambda: "attachedTo" not in kv.get(kinds.GPU_DEVICE, "keep", ns)["status"])
     wait_for("the template device deleted", lambda: kv.get_or_none(kinds.GPU_DEVICE, "bare-gpu-1", ns) is None)
+
+
+def test_a_new_vmi_of_a_stripped_vmis_name_starts_only_once_the_old_guest_is_gone(
+    kv: Kube, kv_operator: OperatorProcess, ns: str, gpu: Gpu, kv_nodes: Nodes
+) -> None:
+    """§6.7: after a finalizer strip the tenant creates the name again with the same held device while the old
+    guest still runs. The new VMI may take the set over, but its launcher is refused while the old launcher holds
+    the units (which the node's GPUNode shows as held by a pod whose VMI is gone): the set's units never serve two
+    guests, so the second cannot run on units of someone else's held device. Once the old pod is gone, the new
+    VMI runs on the set's node."""
+    home = kv_nodes.add(4)  # room on the node: without the rule a second launcher would run at once
+    kv.create(kinds.GPU_DEVICE, gpu_device_body("keep", ns, gpu.cls))
+    assert bound(kv, ns, "keep") == home
+    body = vms.vm_body("bare", ns, [vms.held("keep")])["spec"]["template"]
+    meta = {**body["metadata"], "name": "bare", "namespace": ns}
+    bare = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta, "spec": body["spec"]}
+    kv.create(kinds.VMI, bare)
+    vmi, pod = vms.running(kv, ns, "bare")
+    uid, name = vmi["metadata"]["uid"], pod["metadata"]["name"]
+    wait_for("the uid recorded", lambda: (kv.get(kinds.GPU_DEVICE, "keep", ns)["status"].get("attachedTo") or {})
+             .get("uid") == uid)  # fmt: skip
+    kv.patch(kinds.POD, name, {"metadata": {"finalizers": ["cozy.test/slow-kubelet"]}}, ns)
+    try:
+        kv.delete(kinds.VMI, "bare", ns)
+        wait_for("the pod terminating", lambda: kv.get(kinds.POD, name, ns)["metadata"].get("deletionTimestamp"))
+        kv.patch(kinds.VMI, "bare", {"metadata": {"finalizers": None}}, ns)
+        wait_for("the VMI object gone", lambda: vms.vmi(kv, ns, "bare") is None)
+        kv.create(kinds.VMI, bare)
+        again = wait_for("the new VMI", lambda: vms.vmi(kv, ns, "bare"))
+        refused = wait_for(
+            "the new launcher refused",
+            lambda: any(
+                "previous guest of VMI bare" in (e.get("message") or "") for e in kv.list(kinds.kind("Event"), ns)
+            ),
+            timeout=60,
+        )
+        assert refused
+
+        def shown() -> bool:
+            status = kv.get(kinds.GPU_NODE, home).get("status") or {}
+            return any(p.get("pod") == f"{ns}/{name}" for p in status.get("unmanagedPods") or [])
+
+        wait_for("the old launcher's units shown on the GPUNode", shown)
+        time.sleep(2)  # KubeVirt retries meanwhile
+        started = [p for p in vms.pods_of(kv, ns, again["metadata"]["uid"]) if p["spec"].get("nodeName")]
+        assert started == [], "a second guest got a node while the first still held the set's units"
+    finally:
+        kv.patch(kinds.POD, name, {"metadata": {"finalizers": None}}, ns)
+    vmi, pod = vms.running(kv, ns, "bare", timeout=120)
+    assert vmi["metadata"]["uid"] == again["metadata"]["uid"]
+    assert pod["spec"]["nodeName"] == home
+    keep = kv.get(kinds.GPU_DEVICE, "keep", ns)["status"]
+    assert (keep["phase"], keep["nodeName"]) == ("Bound", home)

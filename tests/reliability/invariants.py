@@ -13,9 +13,8 @@ import contextlib
 import time
 from collections import defaultdict
 
-from cozygpu.api import kinds
+from cozygpu.api import kinds, references
 from cozygpu.api.names import gpu_entry_name, template_device_name
-from cozygpu.decisions import references
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.helpers import stale

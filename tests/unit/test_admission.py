@@ -6,9 +6,9 @@ import datetime as dt
 from typing import Any
 
 from cozygpu.api import GPUDevice
+from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions import admission
 from cozygpu.decisions.admission import Member
-from cozygpu.decisions.references import HeldRef, TemplateRef
 from cozygpu.state.cluster import Cluster
 from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class, node, request
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from cozygpu.api import GPUDevice, pods
+from cozygpu.api.names import ANNOTATION_DEVICES
 from cozygpu.decisions import launchers
 from cozygpu.decisions.pinning import is_pinned, pinned_spec
 from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class
@@ -53,8 +55,17 @@ def attached(name: str, cls: str, count: int, node: str | None, *, vmi: str = "v
 CLASSES = cluster(classes=[gpu_class("a10", A10), gpu_class("l40s", L40S, mode="vgpu")]).classes
 
 
-def judge(pod: dict[str, Any], devices: list[GPUDevice], user: str = CONTROLLER) -> launchers.Verdict:
-    return launchers.judge(pod, user, CONTROLLER, devices, CLASSES)
+def judge(
+    pod: dict[str, Any], devices: list[GPUDevice], user: str = CONTROLLER, *, vmis: Sequence[dict[str, Any]] = ()
+) -> launchers.Verdict:
+    """As the pod webhook judges: with the set the view holds for the pod's VMI (`Cluster.set_of`)."""
+    view = cluster(classes=[gpu_class("a10", A10), gpu_class("l40s", L40S, mode="vgpu")],
+                   devices=[d.wire() for d in devices])  # fmt: skip
+    for vmi in vmis:
+        view.upsert_vmi(vmi)
+    owner = pods.owner_vmi(pod)
+    the_set = view.set_of("t1", *owner) if owner else []
+    return launchers.judge(pod, user, CONTROLLER, the_set, CLASSES)
 
 
 class TestWhatAPodAsks:
@@ -107,6 +118,16 @@ class TestWhoMayAsk:
         """Attachments are told apart by uid (§6.2): another VMI object's set does not count."""
         verdict = judge(launcher({A10: "1"}, uid="new"), [attached("g", "a10", 1, "n1", uid="old")])
         assert verdict.refusal is not None and "no GPUDevices attached" in verdict.refusal
+
+    def test_a_device_a_losing_create_of_the_name_attached_is_not_the_launchers(self) -> None:
+        """§14.2: a device attached to the name, its uid not recorded yet, counts for the VMI that exists only
+        if that VMI names it: another create of the name, refused AlreadyExists, attached it."""
+        mine, theirs = attached("g0", "a10", 1, "n7", uid=None), attached("g1", "a10", 1, "n2", uid=None)
+        vm = {"metadata": {"namespace": "t1", "name": "vm", "uid": "u1", "resourceVersion": "1",
+                           "annotations": {ANNOTATION_DEVICES: '[{"device": "g0"}]'}}}  # fmt: skip
+        assert judge(launcher({A10: "1"}), [mine, theirs], vmis=[vm]) == launchers.Verdict(node="n7")
+        # Before the view has the VMI, both count (the pod may come first): the set is on two nodes.
+        assert "more than one node" in (judge(launcher({A10: "1"}), [mine, theirs]).refusal or "")
 
 
 class TestWhereItRuns:
@@ -168,6 +189,18 @@ class TestThePin:
         """A reinvocation returns the same spec."""
         once = pinned_spec({}, "n1")
         assert pinned_spec(once, "n1") == once
+
+
+class TestARestartOfTheName:
+    def test_a_new_vmis_launcher_waits_while_an_old_launcher_of_the_name_holds_units(self) -> None:
+        """§6.7: a new VMI of the name took the set over; its launcher is refused, naming the old pod, until the
+        previous guest has let the units go."""
+        devices = [attached("g", "a10", 1, "n1")]
+        verdict = launchers.judge(launcher({A10: "1"}), CONTROLLER, CONTROLLER, devices, CLASSES,
+                                  previous=["t1/virt-launcher-vm-old"])  # fmt: skip
+        assert verdict.refusal is not None and "previous guest of VMI vm still holds its GPUs" in verdict.refusal
+        assert "t1/virt-launcher-vm-old" in verdict.refusal
+        assert launchers.judge(launcher({A10: "1"}), CONTROLLER, CONTROLLER, devices, CLASSES).node == "n1"
 
 
 class TestAnExemptNamespace:

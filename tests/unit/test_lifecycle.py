@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from cozygpu.api import GPUClass, GPUDevice
-from cozygpu.api.names import FINALIZER_IN_USE
+from cozygpu.api.names import ANNOTATION_DEVICES, FINALIZER_IN_USE
 from cozygpu.decisions.lifecycle import Action, Do, class_action, device_actions, due
 from cozygpu.state.cluster import Cluster
 from tests.builders import EPOCH, cluster, device, gpu_class, pod
@@ -23,10 +23,13 @@ def attached(vmi: str = "vm", uid: str | None = None, **kw: Any) -> dict[str, An
     return device("d", phase="Bound", node_name="n1", status={"attachedTo": a}, **kw)
 
 
-def with_vmi(uid: str | None) -> Cluster:
+def with_vmi(uid: str | None, names: str = '[{"deviceTemplate": {"className": "a", "count": 1}}, {"device": "d"}]'
+             ) -> Cluster:  # fmt: skip
+    """A view with VMI `vm` of this uid, naming template device `vm-gpu-0` and held device `d` by default."""
     c = cluster()
     if uid:
-        c.upsert_vmi({"metadata": {"name": "vm", "namespace": "t1", "uid": uid}})
+        annotations = {ANNOTATION_DEVICES: names}
+        c.upsert_vmi({"metadata": {"name": "vm", "namespace": "t1", "uid": uid, "annotations": annotations}})
     return c
 
 
@@ -143,3 +146,17 @@ def test_a_class_keeps_its_finalizer_until_no_device_names_it() -> None:
     used = cluster(devices=[device("d", "a10")])
     assert class_action(used, GPUClass.from_wire(deleting)) is None
     assert class_action(cluster(), GPUClass.from_wire(deleting)) is Do.REMOVE_FINALIZER
+
+
+def test_a_vmi_of_the_name_that_does_not_name_the_device_is_not_recorded_on_it() -> None:
+    """§14.2: two creates of one name race; the one refused AlreadyExists attached `d`, which the VMI that exists
+    does not reference: its uid is not recorded and, past the grace period, the device is let go."""
+    view = with_vmi("u1", names='[{"device": "other"}]')
+    held = GPUDevice.from_wire(attached())
+    assert device_actions(view, held, SOON, GRACE) == []
+    late = device_actions(view, held, LATE, GRACE)
+    assert dos(late) == [Do.DETACH] and "does not reference it" in late[0].reason
+    template = attached(template=True)
+    template["metadata"]["name"] = "vm-gpu-0"
+    assert dos(device_actions(view, GPUDevice.from_wire(template), SOON, GRACE)) == []
+    assert dos(device_actions(view, GPUDevice.from_wire(template), LATE, GRACE)) == [Do.DELETE]

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from cozygpu.api import pods as api_pods
+from cozygpu.api.names import ANNOTATION_DEVICES
 from cozygpu.state.pods import PodUsage, PodUse
 from tests.builders import A10, L40S, cluster, device, gpu_class, node, pod
 
@@ -54,6 +55,20 @@ class TestWhatIsKept:
         usage.upsert(pod("a", {A10: "1"}, init={A10: "3"}))
         usage.upsert(pod("b", {A10: "2"}, init={A10: "1"}))
         assert {p.name: dict(p.units) for p in usage.on("n1")} == {"a": {A10: 3}, "b": {A10: 2}}
+
+
+class TestLaunchersByVMI:
+    def test_launchers_of_a_name_are_found_whatever_their_uid_until_they_end(self) -> None:
+        """§6.7: the launchers of every VMI object of a name that hold units, for the pod webhook's restart rule."""
+        usage = PodUsage()
+        usage.upsert(pod("old", vmi="vm", vmi_uid="u0", version=1))
+        usage.upsert(pod("new", vmi="vm", vmi_uid="u1", version=2))
+        usage.upsert(pod("other", vmi="vm2", version=3))
+        assert [p.name for p in usage.launchers_of("t1", "vm")] == ["new", "old"]
+        usage.upsert(pod("old", vmi="vm", vmi_uid="u0", phase="Succeeded", version=4))
+        assert [p.name for p in usage.launchers_of("t1", "vm")] == ["new"]
+        usage.remove("t1", "new")
+        assert usage.launchers_of("t1", "vm") == []
 
 
 class TestChanges:
@@ -136,7 +151,7 @@ class TestOddBodies:
 
 _pod_ops = st.lists(
     st.tuples(
-        st.sampled_from(["pod", "launcher", "end", "bind", "unbind", "class"]),
+        st.sampled_from(["pod", "launcher", "end", "bind", "unbind", "class", "vmi", "novmi", "record"]),
         st.integers(0, 3),  # which pod, VMI or device
         st.integers(0, 2),  # which node, or how many units
     ),
@@ -146,17 +161,35 @@ _pod_ops = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(_pod_ops)
+@example([("bind", 0, 1), ("launcher", 0, 1), ("vmi", 0, 0)])  # a VMI of the name with another uid appears
+@example([("bind", 0, 1), ("launcher", 0, 1), ("record", 0, 0)])  # the set is another VMI object's
 def test_unmanaged_units_always_match_a_recount(ops: list[tuple[str, int, int]]) -> None:
     """The view's unmanaged units per node (what placement subtracts) equal a recount from scratch, and the
-    free-units order agrees with them, after any sequence of pod, device and class events."""
+    free-units order agrees with them, after any sequence of pod, device, VMI and class events. A launcher is
+    measured against its VMI's set by uid (§6.7): an old launcher beside a new VMI of the name is not."""
     c = cluster(nodes=[node(f"n{k}", {A10: 4}) for k in range(3)], classes=[gpu_class("a10")])
     versions = iter(range(1000, 100_000))
     for op, i, j in ops:
         v = next(versions)
         if op == "pod":
             c.apply("Pod", pod(f"p{i}", {A10: 1 + j}, node=f"n{j}", version=v))
-        elif op == "launcher":
-            c.apply("Pod", pod(f"virt-launcher-vm{i}", {A10: 1 + j}, node=f"n{j}", vmi=f"vm{i}", version=v))
+        elif op == "launcher":  # of VMI object u0 or u1 of the name
+            c.apply("Pod", pod(f"virt-launcher-vm{i}-{j % 2}", {A10: 1 + j}, node=f"n{j}", vmi=f"vm{i}",
+                               vmi_uid=f"u{j % 2}", version=v))  # fmt: skip
+        elif op == "vmi":  # VMI object u0 or u1 of the name, naming its template device or not
+            names = '[{"deviceTemplate": {"className": "a10", "count": 1}}]' if j else '[{"device": "x"}]'
+            c.apply("VirtualMachineInstance", {"metadata": {"namespace": "t1", "name": f"vm{i}", "uid": f"u{j % 2}",
+                    "resourceVersion": str(v), "annotations": {ANNOTATION_DEVICES: names}}})  # fmt: skip
+        elif op == "novmi":
+            c.apply("VirtualMachineInstance", {"metadata": {"namespace": "t1", "name": f"vm{i}",
+                    "resourceVersion": str(v)}}, deleted=True)  # fmt: skip
+        elif op == "record":  # the collector records a uid on the device, or not yet
+            d = c.device("t1", f"vm{i}-gpu-0")
+            if d is not None:
+                body = d.wire()
+                body["status"]["attachedTo"] = {"vmi": f"vm{i}", **({"uid": f"u{j % 2}"} if j < 2 else {})}
+                body["metadata"]["resourceVersion"] = str(v)
+                c.apply("GPUDevice", body)
         elif op == "end":
             c.apply("Pod", pod(f"p{i}", node=f"n{j}", phase="Succeeded", version=v))
         elif op == "bind":
@@ -176,7 +209,12 @@ def test_unmanaged_units_always_match_a_recount(ops: list[tuple[str, int, int]])
         recount: dict[str, int] = {}
         for p in c.pods.on(name):
             own: dict[str, int] = {}
+            live = c.vmis.get((p.namespace, p.vmi or ""))
             for d in c.attached_to(p.namespace, p.vmi) if p.vmi else ():
+                uid = d.status.attached_to.uid if d.status.attached_to else None
+                names_it = c.names_device(p.namespace, p.vmi or "", d.name)
+                if not (uid == p.vmi_uid or (uid is None and (live is None or (live == p.vmi_uid and names_it)))):
+                    continue  # another VMI object's, or a device the pod's VMI does not name
                 cls = c.classes.get(d.spec.class_name)
                 if cls is not None and d.holds_gpus and d.status.node_name == name:
                     own[cls.spec.resource_name] = own.get(cls.spec.resource_name, 0) + d.spec.count

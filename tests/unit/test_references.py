@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cozygpu.api.names import ANNOTATION_DEVICES
-from cozygpu.decisions.references import HeldRef, ReferenceError, TemplateRef, parse
+from cozygpu.api.references import HeldRef, ReferenceError, TemplateRef, parse
 
 
 def ann(value: Any) -> dict[str, str]:

@@ -29,10 +29,10 @@ from cozygpu.api.names import (
     is_object_name,
     template_device_name,
 )
+from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.capacity import conflicts, held, matching_classes
 from cozygpu.decisions.pinning import pinned_spec
-from cozygpu.decisions.references import HeldRef, TemplateRef
 from cozygpu.state.cluster import Cluster
 from cozygpu.state.nodes import node_selector_matches
 

@@ -1,7 +1,7 @@
 """§12.2 for pods: a pod that asks for a managed GPU resource runs only as its VMI's launcher, on its set's node.
 
 Called by the pod webhook (runtime.pod_webhook) with the pod under admission, who
-creates it, and the devices the view has attached to the pod's VMI. kube-scheduler
+creates it, and its VMI's set as the view has it (`Cluster.set_of`: by the VMI's uid). kube-scheduler
 knows nothing of held devices, and KubeVirt's VM controller rewrites a VMI's affinity
 to the VM template's (§3), so the pin that holds is put on the pod itself, which is
 immutable once created: whatever KubeVirt renders later (a restart, a migration
@@ -30,22 +30,19 @@ class Verdict:
     refusal: str | None = None
 
 
-def _set_of(devices: Sequence[GPUDevice], uid: str) -> list[GPUDevice]:
-    """The devices attached to this VMI object: by its uid, or by name before the uid is recorded (§6.1)."""
-    return [d for d in devices if d.status.attached_to is not None and d.status.attached_to.uid in (None, uid)]
-
-
 def judge(
     pod: Mapping[str, Any],
     user: str,
     controller_user: str,
-    attached: Sequence[GPUDevice],
+    devices: Sequence[GPUDevice],
     classes: Mapping[str, GPUClass],
     *,
     exempt: bool = False,
+    previous: Sequence[str] = (),
 ) -> Verdict:
     """§12.2: who may create the pod, for which VMI, how many units, on which node. In a namespace exempt from
-    §12 (`exempt`) a pod with no set of the operator's behind it passes untouched; one with a set is pinned."""
+    §12 (`exempt`) a pod with no set of the operator's behind it passes untouched; one with a set is pinned.
+    `previous`: launcher pods of an earlier VMI of the name that still hold units (§6.7)."""
     meta = pod.get("metadata") or {}
     what = f"Pod {meta.get('namespace', '')}/{meta.get('name') or meta.get('generateName', '')}"
     managed = {c.spec.resource_name for c in classes.values()}
@@ -56,7 +53,7 @@ def judge(
     if not wants:
         return Verdict()
     owner = owner_vmi(pod)
-    if exempt and (owner is None or not _set_of(attached, owner[1])):
+    if exempt and (owner is None or not devices):
         return Verdict()
     resources = ", ".join(sorted(wants))
     if user != controller_user:
@@ -66,8 +63,7 @@ def judge(
         )
     if owner is None:
         return Verdict(refusal=f"{what} asks for {resources} but is not controlled by a VirtualMachineInstance")
-    vmi, uid = owner
-    devices = _set_of(attached, uid)
+    vmi = owner[0]
     if not devices:
         return Verdict(
             refusal=f"{what} asks for {resources} for VMI {vmi}, which has no GPUDevices attached by the GPU operator"
@@ -86,6 +82,13 @@ def judge(
     over = [f"{n} of {r} (its devices hold {held.get(r, 0)})" for r, n in sorted(wants.items()) if n > held.get(r, 0)]
     if over:
         return Verdict(refusal=f"{what} asks for more GPUs than VMI {vmi} holds: " + ", ".join(over))
+    if previous:
+        # §6.7: a new VMI of the name took the set over; its guest starts only once the old one has let go, or the
+        # set's units would serve two guests and the second would take units that are someone else's.
+        return Verdict(
+            refusal=f"{what}: the previous guest of VMI {vmi} still holds its GPUs in pod "
+            f"{', '.join(previous)}; KubeVirt retries the start once it has ended"
+        )
     node = nodes[0]
     assigned = (pod.get("spec") or {}).get("nodeName")
     if assigned and assigned != node:

@@ -54,6 +54,8 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
     request = device.status.bind_request
     live: str | None = cluster.vmis.get((namespace, attached.vmi)) if attached else None
     owner = vmi_owner(device)
+    # §14.2: the uid recorded is that of the VMI the admission was for: the VMI of the name names the device.
+    named = live is not None and attached is not None and cluster.names_device(namespace, attached.vmi, device.name)
     actions: list[Action] = []
     in_use = False
 
@@ -66,18 +68,23 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
             return [Action(Do.DELETE, why)] if is_template(device) else _detach(device, why)
         if gone:
             in_use = True  # §6.7: the guest still runs in its launcher pod: the units stay its until the pod ends
-        elif attached.uid is None and live is not None:
-            actions.append(Action(Do.RECORD_UID, f"VMI {attached.vmi} exists", live))  # §6.1
+        elif attached.uid is None and named:
+            actions.append(Action(Do.RECORD_UID, f"VMI {attached.vmi} exists", live or ""))  # §6.1
             in_use = True
         elif attached.uid is None:
             if _expired(attached.since, now, grace):
-                # §6.3: the VMI never appeared (another admission refused it after ours answered).
-                why = f"VMI {attached.vmi} did not appear within the grace period"
+                # §6.3: the VMI never appeared (another admission refused it after ours answered); §14.2: or a
+                # VMI of the name appeared that does not name the device (another create of the name won).
+                why = (
+                    f"VMI {attached.vmi} did not appear within the grace period"
+                    if live is None
+                    else (f"VMI {attached.vmi} does not reference it: another create of the name was admitted")
+                )
                 return [Action(Do.DELETE, why)] if is_template(device) else _detach(device, why)
         else:
             in_use = True
         ours = device.name.startswith(f"{attached.vmi}-gpu-")
-        if is_template(device) and owner is None and live is not None and ours and not gone:
+        if is_template(device) and owner is None and live is not None and ours and not gone and (named or attached.uid):
             actions.append(Action(Do.OWN, f"VMI {attached.vmi} owns it", live))
     elif request is not None and request.result is None and _expired(request.requested_at, now, grace):
         actions.append(Action(Do.CLEAR_REQUEST, "the bind request went unanswered"))  # §4

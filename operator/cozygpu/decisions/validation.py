@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice
 from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
+from cozygpu.api.references import valid_name
 from cozygpu.decisions.budgets import Order, check_orders
-from cozygpu.decisions.references import valid_name
 from cozygpu.state.cluster import Cluster
 
 

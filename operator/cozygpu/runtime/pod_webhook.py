@@ -38,9 +38,13 @@ class LauncherAdmission:
         namespace = meta.get("namespace") or ""
         owner = launchers.owner_vmi(pod)
         vmi = owner[0] if owner else None
-        attached = self._cluster.attached_to(namespace, vmi) if vmi else []
+        attached = self._cluster.set_of(namespace, *owner) if owner else []
         exempt = LABEL_UNMANAGED_GPUS in self._cluster.namespace_labels(namespace)
-        verdict = launchers.judge(pod, user, self._controller_user, attached, self._cluster.classes, exempt=exempt)
+        previous = [p.ident for p in self._cluster.pods.launchers_of(namespace, vmi) if p.vmi_uid != owner[1]] if (
+            owner and vmi) else []  # fmt: skip
+        verdict = launchers.judge(
+            pod, user, self._controller_user, attached, self._cluster.classes, exempt=exempt, previous=previous
+        )
         fields = {"namespace": namespace, "pod": meta.get("name") or meta.get("generateName"), "vmi": vmi}
         if verdict.refusal is not None:
             log.info("pod.refused", reason=verdict.refusal, user=user, **fields)

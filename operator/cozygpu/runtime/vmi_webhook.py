@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 
 import structlog
 
-from cozygpu.api import Attachment, BindRequest, GPUDevice, kinds
+from cozygpu.api import Attachment, BindRequest, GPUDevice, kinds, references
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import FINALIZER_IN_USE, LABEL_DEVICE_REFERENCE, TRUE, template_device_name
-from cozygpu.decisions import admission, budgets, references
+from cozygpu.api.references import HeldRef, TemplateRef
+from cozygpu.decisions import admission, budgets
 from cozygpu.decisions.admission import Member
-from cozygpu.decisions.references import HeldRef, TemplateRef
 from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.reservations import Reservations

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode
+from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode, references
 from cozygpu.api.kinds import VIEWED
 from cozygpu.state.budgets import BudgetIndex
 from cozygpu.state.counts import add as _add
@@ -110,6 +110,8 @@ class Cluster:
         self._unit_sizes: dict[str, dict[int, int]] = defaultdict(dict)
         # VMIs with device references, by (namespace, name): their uid (§6).
         self.vmis: dict[DeviceKey, str] = {}
+        # And the devices each names (§14.2): a device a losing create of the name attached is not the VMI's.
+        self._vmi_names: dict[DeviceKey, frozenset[str]] = {}
         # Versions of what is stored as plain data (VMIs, namespaces, KubeVirt CRs), for resyncs.
         self._raw_versions: dict[str, dict[Any, int]] = {"VirtualMachineInstance": {}, "Namespace": {}, "KubeVirt": {}}
         self._vmi_uids: set[str] = set()
@@ -482,13 +484,41 @@ class Cluster:
         self._vmi_uids.discard(self.vmis.get(key, ""))  # a new VMI of the name is another VMI (§6.2)
         self.vmis[key] = meta.get("uid", "")
         self._vmi_uids.add(self.vmis[key])
+        self._vmi_names[key] = references.device_names(key[1], meta.get("annotations"))
         self._raw_versions["VirtualMachineInstance"][key] = version(meta.get("resourceVersion"))
         self._changed = True
+        self._launchers_moved(*key)
 
     def remove_vmi(self, namespace: str, name: str, resource_version: str | None = None) -> None:
         self._changed = (namespace, name) in self.vmis
         self._vmi_uids.discard(self.vmis.pop((namespace, name), ""))
+        self._vmi_names.pop((namespace, name), None)
         self._bury_raw("VirtualMachineInstance", (namespace, name), resource_version)
+        self._launchers_moved(namespace, name)
+
+    def _launchers_moved(self, namespace: str, vmi: str) -> None:
+        """Which set a launcher of the name is measured against follows the VMI of the name (`set_of`)."""
+        for pod in self.pods.launchers_of(namespace, vmi):
+            self._nodes_touched.add(pod.node)
+            self._recount_unmanaged(pod.node)
+
+    def names_device(self, namespace: str, vmi: str, device: str) -> bool:
+        """Whether the VMI of this name that the view has names the device among its references (§14.2)."""
+        return device in self._vmi_names.get((namespace, vmi), ())
+
+    def set_of(self, namespace: str, vmi: str, uid: str) -> list[GPUDevice]:
+        """The devices attached to the VMI object `uid` of this name: those with its uid recorded, and those not
+        recorded yet that it names (§6.1, §14.2). Until the view has that VMI, every unrecorded one counts."""
+        live = self.vmis.get((namespace, vmi))
+        names: frozenset[str] | None = None  # the view has no VMI of the name yet
+        if live is not None:
+            names = self._vmi_names.get((namespace, vmi), frozenset()) if live == uid else frozenset()
+        out = []
+        for d in self.attached_to(namespace, vmi):
+            recorded = d.status.attached_to.uid if d.status.attached_to is not None else None
+            if recorded == uid or (recorded is None and (names is None or d.name in names)):
+                out.append(d)
+        return out
 
     def vmi_exists(self, uid: str) -> bool:
         """Whether a VMI with this uid exists (any namespace, any name)."""
@@ -545,9 +575,9 @@ class Cluster:
             self._recount_unmanaged(node)
 
     def _set_on_node(self, pod: PodUse) -> dict[str, int]:
-        """Units per resource the devices attached to the pod's VMI hold Bound on the pod's node."""
+        """Units per resource the devices of the pod's VMI (by its uid, §6.7) hold Bound on the pod's node."""
         out: dict[str, int] = {}
-        for d in self.attached_to(pod.namespace, pod.vmi) if pod.vmi else ():
+        for d in self.set_of(pod.namespace, pod.vmi, pod.vmi_uid or "") if pod.vmi else ():
             cls = self.classes.get(d.spec.class_name)
             if cls is not None and d.holds_gpus and d.status.node_name == pod.node:
                 out[cls.spec.resource_name] = out.get(cls.spec.resource_name, 0) + d.spec.count

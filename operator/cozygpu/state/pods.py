@@ -65,6 +65,9 @@ class PodUsage:
         # Launchers holding units by their VMI's uid (§6.7), and the VMIs (namespace, name) whose launcher
         # stopped holding units since the owner last took them (`take_ended`).
         self._guests: dict[str, set[PodKey]] = {}
+        # Launchers holding units by their VMI's (namespace, name), whatever its uid: a new VMI of the name waits
+        # for the old guest to end (§6.7).
+        self._by_vmi: dict[tuple[str, str], set[PodKey]] = {}
         self._ended: set[tuple[str, str]] = set()
         # Pods removed or ended: a late event of an earlier version must not bring them back.
         self._gone = Tombstones(tombstones)
@@ -108,6 +111,8 @@ class PodUsage:
         self._on.setdefault(new.node, set()).add(key)
         if new.vmi_uid:
             self._guests.setdefault(new.vmi_uid, set()).add(key)
+        if new.vmi:
+            self._by_vmi.setdefault((new.namespace, new.vmi), set()).add(key)
         return {new.node} | ({old.node} if old is not None else set())
 
     def remove(self, namespace: str, name: str, resource_version: str | None = None) -> set[str]:
@@ -127,18 +132,27 @@ class PodUsage:
         return {old.node}
 
     def _unindex(self, key: PodKey, old: PodUse) -> None:
-        for index, value in ((self._on, old.node), (self._guests, old.vmi_uid)):
+        indexes: tuple[tuple[dict[Any, set[PodKey]], Any], ...] = (
+            (self._on, old.node),
+            (self._guests, old.vmi_uid),
+            (self._by_vmi, (old.namespace, old.vmi) if old.vmi else None),
+        )
+        for index, value in indexes:
             keys = index.get(value) if value else None
             if keys is not None:
                 keys.discard(key)
                 if not keys:
-                    del index[value]  # type: ignore[arg-type]
+                    del index[value]
         if old.vmi_uid and old.vmi and old.vmi_uid not in self._guests:
             self._ended.add((old.namespace, old.vmi))
 
     def guest_running(self, vmi_uid: str) -> bool:
         """Whether a launcher pod of the VMI with this uid still holds units on a node (§6.7)."""
         return vmi_uid in self._guests
+
+    def launchers_of(self, namespace: str, vmi: str) -> list[PodUse]:
+        """The launcher pods of any VMI of this name that hold units, by name."""
+        return [self._pods[k] for k in sorted(self._by_vmi.get((namespace, vmi), ()))]
 
     def take_ended(self) -> set[tuple[str, str]]:
         """The VMIs (namespace, name) whose last launcher stopped holding units since the last call."""

@@ -1,7 +1,9 @@
 """Parsing a VMI's devices annotation (§1.5, §3.2) into references.
 
 Every malformed input becomes a `ReferenceError` whose message names the entry and
-what is wrong with it; nothing here raises anything else, whatever the input.
+what is wrong with it; nothing here raises anything else, whatever the input. Callers:
+the VMI webhook (through decisions.admission) and the view, which keeps the devices
+each VMI names (`device_names`, §14.2).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from cozygpu.api.names import ANNOTATION_DEVICES, is_object_name
+from cozygpu.api.names import ANNOTATION_DEVICES, is_object_name, template_device_name
 
 
 class ReferenceError(ValueError):
@@ -86,3 +88,13 @@ def parse(annotations: dict[str, str] | None, limit: int | None = None) -> list[
         return [_entry(i, entry) for i, entry in enumerate(raw)]
     except ReferenceError as e:
         raise ReferenceError(f"annotation {ANNOTATION_DEVICES}: {e}") from None
+
+
+def device_names(vmi: str, annotations: Any) -> frozenset[str]:
+    """The GPUDevices the VMI `vmi` names: its held devices and its template entries' devices; none if the
+    annotation cannot be read (such a VMI went through no admission of ours)."""
+    try:
+        refs = parse(annotations)
+    except ReferenceError:
+        return frozenset()
+    return frozenset(r.name if isinstance(r, HeldRef) else template_device_name(vmi, i) for i, r in enumerate(refs))
