@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from cozygpu.decisions.budgets import Order
 from cozygpu.runtime.reservations import Reservations
 from cozygpu.runtime.validation import Denied, Validation
 from tests.builders import A10, budget, cluster, device, gpu_class, node
@@ -59,3 +60,25 @@ def test_where_budgets_are_required_a_held_device_needs_one_at_create() -> None:
     assert create(strict, "a", 1) == "GPUDevice a: namespace t1 has no GPUBudget, and this cluster requires one"
     lenient = Validation(cluster(nodes=nodes, classes=classes), Reservations(ttl=30))
     assert create(lenient, "a", 1) is None
+
+
+def test_reservations_of_two_admissions_add_up_even_for_one_name() -> None:
+    """§7.4, §14: a reservation is the admission's (keyed by its review's uid): a second admission's order for the
+    same name is added, never put in place of the first; the view's sighting of the name ends both."""
+    reservations = Reservations(ttl=30)
+    reservations.add("t1", "a", Order("t1", "a10", 3, "a"), review="review-1")
+    reservations.add("t1", "a", Order("t1", "a10", 1, "a"), review="review-2")
+    assert sorted(o.count for o in reservations.orders()) == [1, 3]
+    assert reservations.holds("t1", "a")
+    reservations.seen("t1", "a")
+    assert reservations.orders() == [] and not reservations.holds("t1", "a")
+
+
+def test_a_held_order_is_reserved_under_its_reviews_uid() -> None:
+    """The webhook passes the review's uid down; what it reserves is found under it."""
+    reservations = Reservations(ttl=30)
+    v = Validation(cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")]), reservations)
+    asyncio.run(v.device("CREATE", device("a", count=2), None, TENANT, dry_run=False, review="uid-1"))
+    assert reservations.orders() == [Order("t1", "a10", 2, "a")]
+    reservations.add("t1", "a", Order("t1", "a10", 2, "a"), review="uid-1")  # the same admission again: one order
+    assert len(reservations.orders()) == 1

@@ -80,7 +80,7 @@ class Gate:
     ) -> None:
         with self._timed(webhooks.DEVICE_HOOK):
             try:
-                await self._validation.device(operation, new, old, user, dry_run)
+                await self._validation.device(operation, new, old, user, dry_run, review=webhooks.REVIEW_UID.get())
             except Denied as e:
                 raise kopf.AdmissionError(str(e), code=403) from None
 

@@ -11,6 +11,7 @@ would turn away after admission never replaces a reservation nor leaves one behi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -26,24 +27,43 @@ class _Reservation:
 
 
 class Reservations:
+    """Reservations keyed by the admission that made them (the review's uid): two admissions never share one, so
+    orders only add up; and by name, for the duplicate check and for the view's sighting."""
+
     def __init__(self, ttl: float) -> None:
         self.lock = asyncio.Lock()
         self._ttl = ttl
-        self._items: dict[tuple[str, str], _Reservation] = {}
+        self._items: dict[str, _Reservation] = {}
+        self._by_name: dict[tuple[str, str], set[str]] = {}
+        self._unnamed = itertools.count()
 
-    def add(self, namespace: str, name: str, order: Order) -> None:
-        self._items[(namespace, name)] = _Reservation(namespace, name, order, time.monotonic() + self._ttl)
+    def add(self, namespace: str, name: str, order: Order, *, review: str = "") -> None:
+        """Reserve `order` for the admission `review` (a made-up key where there is none: tests, direct calls)."""
+        key = review or f"unnamed-{next(self._unnamed)}"
+        self._drop(key)
+        self._items[key] = _Reservation(namespace, name, order, time.monotonic() + self._ttl)
+        self._by_name.setdefault((namespace, name), set()).add(key)
 
     def holds(self, namespace: str, name: str) -> bool:
         """Whether a create of this name is admitted and not yet seen (expired ones count until `orders`)."""
-        return (namespace, name) in self._items
+        return (namespace, name) in self._by_name
 
     def seen(self, namespace: str, name: str) -> None:
         """The view has the device now: it counts there."""
-        self._items.pop((namespace, name), None)
+        for key in self._by_name.pop((namespace, name), set()):
+            self._items.pop(key, None)
 
     def orders(self) -> list[Order]:
         now = time.monotonic()
         for key in [k for k, r in self._items.items() if r.expires < now]:
-            del self._items[key]
+            self._drop(key)
         return [r.order for r in self._items.values()]
+
+    def _drop(self, key: str) -> None:
+        old = self._items.pop(key, None)
+        if old is None:
+            return
+        keys = self._by_name.get((old.namespace, old.name), set())
+        keys.discard(key)
+        if not keys:
+            self._by_name.pop((old.namespace, old.name), None)

@@ -32,8 +32,16 @@ class Validation:
         self.operator_user = ""  # learned at start-up (SelfSubjectReview)
 
     async def device(
-        self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None, user: str, dry_run: bool
+        self,
+        operation: str,
+        new: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+        user: str,
+        dry_run: bool,
+        *,
+        review: str = "",
     ) -> None:
+        """§9.1-§9.3 for a GPUDevice; `review` is the AdmissionReview's uid, which a held order is reserved under."""
         if operation == "CREATE" and new is not None:
             device = GPUDevice.from_wire(new)
             namespace, held = device.namespace or "", LABEL_TEMPLATE_DEVICE not in device.metadata.labels
@@ -51,7 +59,7 @@ class Validation:
                     problem = f"GPUDevice {device.name} already exists in namespace {namespace}, or is being created"
                 if problem is None and not dry_run and held:
                     order = Order(namespace, device.spec.class_name, device.spec.count, device.name)
-                    self._reservations.add(namespace, device.name, order)
+                    self._reservations.add(namespace, device.name, order, review=review)
         elif operation == "UPDATE" and new is not None and old is not None:
             problem = validation.device_update(
                 GPUDevice.from_wire(old), GPUDevice.from_wire(new), user, self.operator_user

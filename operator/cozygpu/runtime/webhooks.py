@@ -9,6 +9,7 @@ Operator writes them.
 from __future__ import annotations
 
 import base64
+import contextvars
 import json
 import ssl
 import tempfile
@@ -18,6 +19,7 @@ from typing import Any
 
 import aiohttp.web
 import kopf
+import structlog
 
 from cozygpu import tls
 from cozygpu.api.names import (
@@ -57,6 +59,10 @@ ASKS_EXTENDED = (
     f"(has(object.spec.initContainers) && {_asks_extended('object.spec.initContainers')})"
 )
 
+
+# The uid of the AdmissionReview being answered (kopf hands its handlers the object, not the review): what one
+# admission reserves is keyed by it (§7.4), and every log line of the review names it.
+REVIEW_UID: contextvars.ContextVar[str] = contextvars.ContextVar("cozygpu_review_uid", default="")
 
 HOOKS = frozenset({VMI_HOOK, DEVICE_HOOK, CLASS_HOOK, BUDGET_HOOK, POD_HOOK})
 # What the API server may send: etcd stores objects up to 1.5 MiB, and a review carries the object and
@@ -120,7 +126,13 @@ class ReviewServer(kopf.WebhookServer):
         problem = envelope_problem(review)
         if problem is not None:
             raise aiohttp.web.HTTPBadRequest(reason=problem)
-        response: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, request)
+        uid = review["request"]["uid"]
+        token = REVIEW_UID.set(uid)
+        try:
+            with structlog.contextvars.bound_contextvars(review=uid):
+                response: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, request)
+        finally:
+            REVIEW_UID.reset(token)
         return response
 
 
