@@ -82,3 +82,18 @@ def test_a_held_order_is_reserved_under_its_reviews_uid() -> None:
     assert reservations.orders() == [Order("t1", "a10", 2, "a")]
     reservations.add("t1", "a", Order("t1", "a10", 2, "a"), review="uid-1")  # the same admission again: one order
     assert len(reservations.orders()) == 1
+
+
+def test_a_name_the_view_still_holds_but_the_api_server_has_deleted_may_be_created_again() -> None:
+    """A device deleted a moment ago, its deletion not yet in the view: the fresh read says it is gone, so its
+    name is not refused; one the API server still has is."""
+    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], devices=[device("a", phase="Pending")])
+
+    async def gone(namespace: str, name: str) -> bool:
+        return False
+
+    async def there(namespace: str, name: str) -> bool:
+        return True
+
+    assert create(Validation(view, Reservations(ttl=30), exists=gone), "a", 1) is None
+    assert create(Validation(view, Reservations(ttl=30), exists=there), "a", 1) is not None

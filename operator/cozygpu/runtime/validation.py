@@ -6,6 +6,7 @@ them, so two concurrent creates cannot together pass a budget (§7.4).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -25,8 +26,18 @@ class Denied(Exception):
 
 
 class Validation:
-    def __init__(self, cluster: Cluster, reservations: Reservations, *, budgets_required: bool = False) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        reservations: Reservations,
+        *,
+        budgets_required: bool = False,
+        exists: Callable[[str, str], Awaitable[bool]] | None = None,
+    ) -> None:
         self._cluster = cluster
+        # A fresh read of a GPUDevice: the view may still hold one deleted a moment ago, and a create of its name
+        # must not be refused for that.
+        self._exists = exists
         self._reservations = reservations
         self._budgets_required = budgets_required
         self.operator_user = ""  # learned at start-up (SelfSubjectReview)
@@ -54,7 +65,7 @@ class Validation:
                     self._reservations.orders(),
                     budgets_required=self._budgets_required,
                 )
-                if problem is None and held and self._taken(namespace, device.name):
+                if problem is None and held and await self._taken(namespace, device.name):
                     # The API server would answer AlreadyExists after admission: its order must not count.
                     problem = f"GPUDevice {device.name} already exists in namespace {namespace}, or is being created"
                 if problem is None and not dry_run and held:
@@ -68,8 +79,12 @@ class Validation:
             return
         self._answer("gpudevice", new or old or {}, problem)
 
-    def _taken(self, namespace: str, name: str) -> bool:
-        return self._reservations.holds(namespace, name) or self._cluster.device(namespace, name) is not None
+    async def _taken(self, namespace: str, name: str) -> bool:
+        if self._reservations.holds(namespace, name):
+            return True
+        if self._cluster.device(namespace, name) is None:
+            return False
+        return self._exists is None or await self._exists(namespace, name)
 
     def gpu_class(self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
         if operation != "UPDATE" or new is None or old is None:
