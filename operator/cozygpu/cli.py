@@ -110,6 +110,7 @@ def _run(args: argparse.Namespace) -> int:
         "lease_namespace": args.lease_namespace,
         "lease_duration": args.lease_duration,
         "kubevirt_controller_user": args.kubevirt_controller_user,
+        "exempt_namespaces": tuple(args.exempt_namespace) if args.exempt_namespace else None,
         "api_concurrency": args.api_concurrency,
         "log_format": args.log_format,
         "log_level": args.log_level,
@@ -147,6 +148,12 @@ def parser() -> argparse.ArgumentParser:
         "--budgets-required",
         action="store_true",
         help="refuse GPU orders in a namespace no GPUBudget covers (COZYGPU_BUDGETS_REQUIRED)",
+    )
+    run.add_argument(
+        "--exempt-namespace",
+        action="append",
+        metavar="NAMESPACE",
+        help="a namespace §12 does not guard, by name; repeat for more (COZYGPU_EXEMPT_NAMESPACES, comma-separated)",
     )
     run.add_argument(
         "--max-admissions-per-namespace",

@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from cozygpu.api.names import is_namespace_name
 
 ENV_PREFIX = "COZYGPU_"
 
@@ -90,11 +92,31 @@ class Settings(BaseModel):
     crash_at_write: int = Field(
         default=0, ge=0, description="Tests only (tests/reliability): exit at once after the Nth API write lands."
     )
+    exempt_namespaces: tuple[str, ...] = Field(
+        default=(),
+        description="Namespaces, by name, where §12 does not guard managed GPU resources (pods and VMIs may ask for"
+        " them directly; the operator's own sets are still pinned and capped). None by default. By name, not label:"
+        " a label is what anyone allowed to edit the namespace could set.",
+    )
     kubevirt_controller_user: str = Field(
         default="system:serviceaccount:kubevirt:kubevirt-controller",
         min_length=1,
         description="KubeVirt's controller identity: the only creator of pods with managed GPUs (§12.2).",
     )
+
+    @field_validator("exempt_namespaces", mode="before")
+    @classmethod
+    def _namespace_list(cls, value: Any) -> Any:
+        # COZYGPU_EXEMPT_NAMESPACES is a comma-separated list.
+        return tuple(n.strip() for n in value.split(",") if n.strip()) if isinstance(value, str) else value
+
+    @field_validator("exempt_namespaces")
+    @classmethod
+    def _namespace_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [n for n in value if not is_namespace_name(n)]
+        if bad:
+            raise ValueError(f"not namespace names (DNS labels): {', '.join(map(repr, bad))}")
+        return value
 
     @model_validator(mode="after")
     def _bind_inside_webhook(self) -> Self:

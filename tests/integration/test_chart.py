@@ -64,13 +64,17 @@ def without_client(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_the_no_bypass_policy_is_the_one_the_operator_registers_itself(helm: Path) -> None:
-    """§12.3: the chart's ValidatingAdmissionPolicy and binding equal the code's, with the chart's controller user;
-    turned off by a value."""
+    """§12.3: the chart's ValidatingAdmissionPolicy and binding equal the code's, with the chart's controller user
+    and exempt namespaces (passed to the operator too); turned off by a value."""
     docs = render(helm, "--set", "kubevirt.controllerUser=system:serviceaccount:virt:controller")
     assert (
         one(docs, "ValidatingAdmissionPolicy")["spec"] == policy.policy("system:serviceaccount:virt:controller")["spec"]
     )
-    assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"] == policy.binding()["spec"]
+    assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"] == policy.binding(NAMESPACE)["spec"]
+    exempt = render(helm, "--set", "noBypassPolicy.exemptNamespaces={lab,ci}")
+    assert one(exempt, "ValidatingAdmissionPolicyBinding")["spec"] == policy.binding(NAMESPACE, ["ci", "lab"])["spec"]
+    [container] = one(exempt, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert {"name": "COZYGPU_EXEMPT_NAMESPACES", "value": "lab,ci"} in container["env"]
     assert not [d for d in render(helm, "--set", "noBypassPolicy.enabled=false") if "Policy" in d["kind"]]
 
 

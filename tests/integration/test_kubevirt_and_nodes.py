@@ -10,12 +10,34 @@ from cozygpu.api import kinds
 from cozygpu.api.names import LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import binaries, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.kube.adapter import Invalid, Kube
+from cozygpu.devcluster.harness import wait_for
+from cozygpu.kube.adapter import ApiError, Invalid, Kube
+from cozygpu.runtime import policy
 from tests import helpers
 from tests.conftest import GPUNodeFactory
 from tests.helpers import A10
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def no_policy(kube: Kube) -> None:
+    """KubeVirt's schema alone: labelled VMIs created with no operator, which the no-bypass policy a --dev
+    operator leaves behind would refuse (they lack its webhook's mark)."""
+    for kind in (kinds.POLICY_BINDING, kinds.POLICY):
+        kube.delete(kind, policy.NAME)
+    probe = helpers.vmi_body("probe", "default", [{"device": "d1"}])
+
+    def let_go() -> bool:
+        try:
+            kube.create(kinds.VMI, probe, dry_run=True)
+        except ApiError as e:
+            if "no-bypass" not in e.message:
+                raise
+            return False
+        return True
+
+    wait_for("the API server to stop enforcing the removed policy", let_go, timeout=15)
 
 
 def vmi_body(name: str, namespace: str, gpus: list[dict[str, str]]) -> dict[str, object]:

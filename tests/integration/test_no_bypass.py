@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from cozygpu.api import kinds
+from cozygpu.api.names import ANNOTATION_ADMITTED
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
@@ -52,7 +53,7 @@ def refused(kube: Kube, kind: kinds.Kind, body: Body) -> str:
 def test_a_vmi_without_device_references_naming_a_managed_resource_is_refused(
     admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu
 ) -> None:
-    """§12.1: in gpus, hostDevices or resources alike; the message names the resource, its class and the way in."""
+    """§12.1: in gpus, hostDevices or resources alike; the message names the resource and the way in."""
     shapes = [
         {"devices": {"gpus": [{"name": "g", "deviceName": gpu.resource}]}},
         {"devices": {"hostDevices": [{"name": "h", "deviceName": gpu.resource}]}},
@@ -60,7 +61,7 @@ def test_a_vmi_without_device_references_naming_a_managed_resource_is_refused(
     ]
     for i, shape in enumerate(shapes):
         message = refused(kube, kinds.VMI, unlabelled_vmi(f"direct-{i}", namespace, **shape))
-        assert f"VMI direct-{i} names {gpu.resource}, the resource of GPUClass {gpu.cls}, directly" in message
+        assert f"VMI direct-{i} names {gpu.resource}, a GPU resource the GPU operator manages, directly" in message
         assert "gpu.cozystack.io/device-reference=true" in message and "gpu.cozystack.io/devices" in message
         assert kube.get_or_none(kinds.VMI, f"direct-{i}", namespace) is None
 
@@ -78,7 +79,7 @@ def test_a_pod_asking_for_a_managed_resource_is_refused_unless_kubevirt_renders_
 ) -> None:
     """§12.2, §12.3: a plain pod, or one labelled as a launcher by anyone but KubeVirt's controller, is refused."""
     message = refused(kube, kinds.POD, pod("sneaky", namespace, gpu.resource))
-    assert f"Pod sneaky asks for {gpu.resource}, the resource of GPUClass {gpu.cls}" in message
+    assert f"Pod sneaky asks for {gpu.resource}, a GPU resource the GPU operator hands out" in message
     assert "only KubeVirt launcher pods" in message
 
 
@@ -88,7 +89,7 @@ def test_the_guard_holds_while_the_operator_is_down(
     """§12.3: the operator killed outright (nothing unregistered), the API server still refuses on its own."""
     process = start_admitting_operator(operator_kubeconfig, tmp_path)
     try:
-        assert kube.get(kinds.POLICY, policy.NAME)["spec"]["paramKind"]["kind"] == "GPUClass"
+        assert kube.get(kinds.POLICY, policy.NAME)["spec"]["paramKind"]["kind"] == "ConfigMap"
         process.kill()
         message = refused(kube, kinds.POD, pod("while-down", namespace, gpu.resource))
         assert "only KubeVirt launcher pods" in message
@@ -102,13 +103,54 @@ def test_the_guard_holds_while_the_operator_is_down(
             kube.delete(kind, name)
 
 
-def test_dev_mode_removes_the_policy_on_exit(operator_kubeconfig: Path, kube: Kube, tmp_path: Path) -> None:
-    """`cozygpu run --dev` registers the policy and its binding, and takes them away when it stops."""
+def test_dev_mode_leaves_the_policy_so_a_labelled_vmi_is_refused_while_no_operator_serves(
+    operator_kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
+) -> None:
+    """§12.3: `cozygpu run --dev` takes its webhook configurations away when it stops but leaves the policy, which
+    refuses a labelled VMI that no webhook of ours admitted (it lacks the mark) instead of letting it start
+    without its GPUs; one admitted while the operator ran carries the mark."""
+    gpu_node({gpu.resource: 1})
     process = start_admitting_operator(operator_kubeconfig, tmp_path)
+    try:
+        kube.create(kinds.GPU_DEVICE, gpu_device_body("held", namespace, gpu.cls))
+        admitted = kube.create(kinds.VMI, vmi_body("served", namespace, [{"device": "held"}]))
+        assert admitted["metadata"]["annotations"][ANNOTATION_ADMITTED] == "true"
+    finally:
+        process.stop()
+    assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, webhooks.CONFIGURATION_NAME) is None
     assert kube.get_or_none(kinds.POLICY_BINDING, policy.NAME) is not None
-    process.stop()
-    assert kube.get_or_none(kinds.POLICY, policy.NAME) is None
-    assert kube.get_or_none(kinds.POLICY_BINDING, policy.NAME) is None
+    message = refused(kube, kinds.VMI, vmi_body("unserved", namespace, [{"device": "held"}]))
+    assert "VMI unserved references GPUDevices but the VMI webhook of the GPU operator did not admit it" in message
+    # A mark a tenant writes itself is no way round: the webhook overwrites it while it serves, and while it does
+    # not the VMI gets no GPU entries (its launcher asks for none), so there is nothing to take (docs/security.md).
+
+
+def test_an_api_server_restart_refuses_nothing_the_guard_allows(
+    control_plane: ControlPlane, operator_kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, tmp_path: Path
+) -> None:
+    """§12.3: the policy's parameter is a core kind the operator keeps (the managed resources in a ConfigMap of
+    its namespace): the first pod created after kube-apiserver restarts is admitted, and a pod asking for a
+    managed resource is still refused. With GPUClasses as the parameter, a restarted API server refused every
+    pod and VMI create in the cluster for some 30 s, until its discovery caught up with the CRD."""
+    process = start_admitting_operator(operator_kubeconfig, tmp_path)
+    try:
+        published = wait_for("the managed resources published", lambda: gpu.resource in (((kube.get_or_none(
+            kinds.kind("ConfigMap"), policy.MANAGED_RESOURCES, identity.NAMESPACE) or {}).get("data") or {})
+            .get(policy.RESOURCES_KEY) or "").split(","))  # fmt: skip
+        assert published
+    finally:
+        process.stop()  # the policy and its parameter stay
+    control_plane.restart_apiserver(down=1)
+    assert kube.create(kinds.POD, pod("first", namespace, "cpu"))["metadata"]["name"] == "first"
+    assert "only KubeVirt launcher pods" in refused(kube, kinds.POD, pod("sneaky-after", namespace, gpu.resource))
+
+
+def test_a_namespace_label_exempts_nothing(admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu) -> None:
+    """§12.3: exemptions are by name from the operator's settings; a namespace labelled as the old exemption was
+    (which anyone allowed to edit the namespace can do) is guarded like any other."""
+    kube.patch(kinds.NAMESPACE, namespace, {"metadata": {"labels": {"gpu.cozystack.io/unmanaged-gpus": "true"}}})
+    message = refused(kube, kinds.POD, pod("labelled", namespace, gpu.resource))
+    assert "only KubeVirt launcher pods" in message
 
 
 def test_the_readmes_hand_run_path_meets_every_rule(

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.api.names import LABEL_UNMANAGED_GPUS
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
 from cozygpu.runtime import policy
@@ -45,10 +44,15 @@ def unmanaged(kube: Kube, node: str, resource: str) -> tuple[int, list[dict[str,
     return units, status.get("unmanagedPods", [])
 
 
+# A namespace §12 does not guard, by name (the operator's --exempt-namespace, the chart's list).
+EXEMPT = f"exempt-{uuid.uuid4().hex[:6]}"
+
+
 @pytest.fixture
 def quick(operator_kubeconfig: Path, tmp_path: Path) -> Iterator[OperatorProcess]:
     """The whole operator, re-reading the pods it found every 2 s."""
-    process = start_admitting_operator(operator_kubeconfig, tmp_path, "--sweep-interval", "2", "--bind-timeout", "5")
+    process = start_admitting_operator(operator_kubeconfig, tmp_path, "--sweep-interval", "2", "--bind-timeout", "5",
+                                       "--exempt-namespace", EXEMPT)  # fmt: skip
     yield process
     process.stop()
 
@@ -104,8 +108,8 @@ def test_a_launcher_the_operator_did_not_admit_is_watched_in_and_out(
     """In a namespace exempt from §12, a launcher pod of a VMI the operator never admitted passes the pod
     webhook untouched, and the launcher watch shows it on the GPUNode at once, with its VMI, and takes it off
     when it fails; crowding a held device's units raises LostCapacity (UnmanagedPods) meanwhile."""
-    namespace = f"exempt-{uuid.uuid4().hex[:6]}"
-    meta = {"name": namespace, "labels": {LABEL_UNMANAGED_GPUS: "true"}}
+    namespace = EXEMPT
+    meta = {"name": namespace}
     kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": meta})
     node = gpu_node({gpu.resource: 2})["metadata"]["name"]
     kube.create(kinds.GPU_DEVICE, gpu_device_body("held", namespace, gpu.cls, count=2))
@@ -114,7 +118,7 @@ def test_a_launcher_the_operator_did_not_admit_is_watched_in_and_out(
     launcher = holding_pod("virt-launcher-stray", namespace, node, {gpu.resource: 1}, vmi="stray")
 
     def created() -> Body | None:
-        try:  # the operator hears of the namespace's label a moment after it is created
+        try:  # the API server applies the operator's new binding a moment after it is registered
             return kube.create(kinds.POD, launcher)
         except ApiError as e:
             if e.status != 403:

@@ -27,11 +27,13 @@ TRUE = "true"
 LABEL_DEVICE_REFERENCE = f"{GROUP}/device-reference"
 LABEL_MODE = f"{GROUP}/mode"
 ANNOTATION_DEVICES = f"{GROUP}/devices"
+# Stamped by the VMI webhook on every labelled VMI it admits; the no-bypass policy refuses a labelled VMI without
+# it, so a missing or deleted mutating configuration fails closed (§12.3).
+ANNOTATION_ADMITTED = f"{GROUP}/admitted"
 
 # On GPUDevices (§1.2).
 LABEL_TEMPLATE_DEVICE = f"{GROUP}/template-device"
 # A namespace carrying this label is not guarded by §12 (documented; no namespace has it by default).
-LABEL_UNMANAGED_GPUS = f"{GROUP}/unmanaged-gpus"
 
 # On GPUDevices attached to a live VMI and on GPUClasses still named by a device (§6.5).
 FINALIZER_IN_USE = f"{GROUP}/in-use-protection"
@@ -57,6 +59,11 @@ OBJECT_NAME_MAX = 253
 
 def is_object_name(name: str) -> bool:
     return len(name) <= OBJECT_NAME_MAX and re.fullmatch(OBJECT_NAME_PATTERN, name) is not None
+
+
+def is_namespace_name(name: str) -> bool:
+    """A namespace name is a DNS-1123 label: at most 63 characters, no dots."""
+    return len(name) <= 63 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) is not None
 
 
 def template_device_name(vmi: str, index: int) -> str:

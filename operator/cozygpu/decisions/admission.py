@@ -19,6 +19,7 @@ from cozygpu.api import BindResult, ConditionStatus, GPUClass, GPUDevice, GPUMod
 from cozygpu.api.gpudevice import GPUDeviceSpec
 from cozygpu.api.meta import ObjectMeta
 from cozygpu.api.names import (
+    ANNOTATION_ADMITTED,
     API_VERSION,
     CONDITION_LOST_CAPACITY,
     KUBEVIRT_API_VERSION,
@@ -341,8 +342,11 @@ def owner_vm(vmi: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def pinned(vmi: dict[str, Any], gpus: Sequence[dict[str, str]], node: str | None) -> dict[str, Any]:
-    """The VMI as admitted: its gpus are the set's entries and every required term names the node."""
+    """The VMI as admitted: its gpus are the set's entries, every required term names the node, and it carries
+    the webhook's mark (§12.3)."""
     out = copy.deepcopy(vmi)
+    meta = out.setdefault("metadata", {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_ADMITTED: TRUE}
     spec = out.setdefault("spec", {})
     devices = spec.setdefault("domain", {}).setdefault("devices", {})
     devices["gpus"] = [dict(e) for e in gpus]
@@ -355,7 +359,7 @@ def pinned(vmi: dict[str, Any], gpus: Sequence[dict[str, str]], node: str | None
 def taken_over(device: GPUDevice, request_id: str) -> bool:
     """A template device one admission created that another has since taken for the same VMI name: it carries
     that call's request (kept once answered). The creator's undo leaves it. A uid on its attachment proves
-    nothing here: the collector records the uid of any VMI of the name, a running one the device is not for."""
+    nothing here: the collector records the uid of the VMI of the name that names it, the other call's too."""
     request = device.status.bind_request
     return request is not None and request.id != request_id
 

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from cozygpu.api import kinds
-from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
+from cozygpu.api.names import DEV_NAMESPACE
 from cozygpu.devcluster.binaries import repo_root
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.kube.adapter import Body, Kube
@@ -36,8 +36,9 @@ DEV_RULES = [
         ],
         "verbs": ["get", "create", "update", "delete"],
     },
-    # The CA a dev control plane publishes for the webhooks to require of their callers (§14.1).
-    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"], "resourceNames": [DEV_WEBHOOK_CLIENT_CA]},
+    # The API server lets only who may get every ConfigMap register a policy whose parameter is one (§12.3); the
+    # chart's policy is installed by whoever installs the chart. Also the CA a dev control plane publishes (§14.1).
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
 ]
 
 

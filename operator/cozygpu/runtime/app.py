@@ -33,6 +33,7 @@ from cozygpu.runtime.binder import Binder
 from cozygpu.runtime.collector import Collector
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.gate import Gate
+from cozygpu.runtime.guard import ManagedResources
 from cozygpu.runtime.health import HealthServer
 from cozygpu.runtime.informer import Informer
 from cozygpu.runtime.metrics import Metrics
@@ -105,10 +106,12 @@ class Operator:
             events=self.events,
             calls_in_flight=max(2, connections // 8),
         )
-        self.validation = Validation(self.cluster, self.reservations, budgets_required=settings.budgets_required)
+        self.validation = Validation(
+            self.cluster, self.reservations, budgets_required=settings.budgets_required, exists=self._device_exists
+        )
         self.gate = Gate(
             self.vmis,
-            LauncherAdmission(self.cluster, settings.kubevirt_controller_user),
+            LauncherAdmission(self.cluster, settings.kubevirt_controller_user, frozenset(settings.exempt_namespaces)),
             self.validation,
             self.metrics,
             synced=lambda: self.synced,
@@ -125,7 +128,10 @@ class Operator:
             recheck_interval=settings.sweep_interval,
             watch_timeout=settings.watch_timeout,
         )
-        self.registration = Registration(settings, self.kube)
+        # The operator's own namespace: its Lease, and the no-bypass policy's parameter (§12.3).
+        self.namespace = leadership.lease_namespace(settings)
+        self.registration = Registration(settings, self.kube, self.namespace)
+        self.guard = ManagedResources(self.cluster, self.kube, self.namespace, interval=settings.sweep_interval)
         # A task that really died ends the process: the kubelet starts a whole one again (§10).
         self.supervisor = Supervisor(on_death=self._end)
         self._ending = False
@@ -146,6 +152,7 @@ class Operator:
         self.view.subscribe(self._device_seen, "GPUDevice")
         self.view.subscribe(self.collector.changed, "GPUDevice", "VirtualMachineInstance", "GPUClass", "Pod")
         self.view.subscribe(self.accountant.changed)
+        self.view.subscribe(self.guard.changed, "GPUClass")
         self.view.subscribe(self._wake)
 
     # -- readiness ---------------------------------------------------------
@@ -177,6 +184,9 @@ class Operator:
         return True, ""
 
     # -- events --------------------------------------------------------------
+
+    async def _device_exists(self, namespace: str, name: str) -> bool:
+        return await self.kube.get_or_none(kinds.GPU_DEVICE, name, namespace) is not None
 
     def _device_seen(self, change: Change) -> None:
         if not change.deleted:
@@ -252,6 +262,7 @@ class Operator:
             workers["binder"] = self.binder.run
         if self.settings.webhook_mode != "off":
             workers["webhooks"] = lambda: self.registration.serve(self.validation.operator_user)
+            workers["guard"] = self.guard.run
         # Each worker started again after any failure (runtime.supervision); leadership is not: a renewal
         # that fails is its own business, and losing the Lease ends the process (§10).
         self._tasks = [self.supervisor.start(name, run) for name, run in workers.items()]

@@ -14,7 +14,6 @@ from typing import Any
 
 import structlog
 
-from cozygpu.api.names import LABEL_UNMANAGED_GPUS
 from cozygpu.decisions import launchers
 from cozygpu.decisions.pinning import is_pinned, pinned_spec
 from cozygpu.state.cluster import Cluster
@@ -27,9 +26,10 @@ class PodRefused(Exception):
 
 
 class LauncherAdmission:
-    def __init__(self, cluster: Cluster, controller_user: str) -> None:
+    def __init__(self, cluster: Cluster, controller_user: str, exempt: frozenset[str] = frozenset()) -> None:
         self._cluster = cluster
         self._controller_user = controller_user
+        self._exempt = exempt  # namespaces §12 does not guard, by name (the operator's settings)
 
     def admit(self, pod: dict[str, Any], user: str) -> dict[str, Any]:
         """The pod as admitted: untouched, or pinned to its set's node; raises PodRefused."""
@@ -39,7 +39,7 @@ class LauncherAdmission:
         owner = launchers.owner_vmi(pod)
         vmi = owner[0] if owner else None
         attached = self._cluster.set_of(namespace, *owner) if owner else []
-        exempt = LABEL_UNMANAGED_GPUS in self._cluster.namespace_labels(namespace)
+        exempt = namespace in self._exempt
         previous = [p.ident for p in self._cluster.pods.launchers_of(namespace, vmi) if p.vmi_uid != owner[1]] if (
             owner and vmi) else []  # fmt: skip
         verdict = launchers.judge(

@@ -2,26 +2,38 @@
 
 kube-scheduler knows nothing of held devices, so nothing may consume a managed GPU resource
 (the `resourceName` of any GPUClass) behind the operator's back. What CEL can decide alone
-lives here, with the GPUClasses as the policy's parameters: it holds while the operator is
-down and costs no webhook round trip. A VMI without the device-reference label naming a
-managed resource is refused; so is a Pod asking for one unless KubeVirt's controller renders
-it as a launcher (whose units and node the pod webhook then checks, §12.2). The builders
-return objects; `cozygpu run --dev` registers them (runtime.app) and the chart ships the same.
+lives here: it holds while the operator is down and costs no webhook round trip. Its
+parameter is the managed resources, which the operator publishes in a ConfigMap of its
+namespace (`parameter`, kept by runtime.guard), not the GPUClasses themselves: an API server
+resolves a custom kind as a parameter only once its discovery has caught up, and until then,
+some 30 s after every restart, a fail-closed policy with one refuses every pod and VMI
+create in the cluster (kubernetes/kubernetes#124237; measured here). A core kind always
+resolves. A VMI without the device-reference label naming a managed resource is refused; so
+is a labelled VMI that lacks the VMI webhook's mark (its configuration missing or deleted:
+the pair fails closed rather than admit a VMI without its GPUs); so is a Pod asking for one
+unless KubeVirt's controller renders it as a launcher (whose units and node the pod webhook
+then checks, §12.2). Namespaces are exempt only by name, from the operator's settings (the
+chart's list), never by a label a tenant's admin could set. The builders return objects;
+`cozygpu run --dev` registers them (runtime.app) and the chart ships the same.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import yaml
 
-from cozygpu.api.names import API_VERSION, LABEL_DEVICE_REFERENCE, LABEL_UNMANAGED_GPUS
+from cozygpu.api.names import ANNOTATION_ADMITTED, ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
 
 NAME = "cozy-gpu-operator-no-bypass"
+# The parameter: a ConfigMap in the operator's namespace that it keeps (runtime.guard).
+MANAGED_RESOURCES = "cozy-gpu-managed-resources"
+RESOURCES_KEY = "resources"
 
-_ASKS = "(has({c}.resources) && ((has({c}.resources.requests) && variables.resource in {c}.resources.requests) || " \
-        "(has({c}.resources.limits) && variables.resource in {c}.resources.limits)))"  # fmt: skip
+_ASKS = "(has({c}.resources) && ((has({c}.resources.requests) && r in {c}.resources.requests) || " \
+        "(has({c}.resources.limits) && r in {c}.resources.limits)))"  # fmt: skip
 
 
 def _pod_asks(containers: str) -> str:
@@ -30,15 +42,28 @@ def _pod_asks(containers: str) -> str:
 
 def _vmi_names(field: str) -> str:
     devices = "object.spec.domain.devices"
-    return f"(has({devices}.{field}) && {devices}.{field}.exists(d, d.deviceName == variables.resource))"
+    return f"(has({devices}.{field}) && {devices}.{field}.exists(d, d.deviceName == r))"
+
+
+def parameter(namespace: str, resources: Iterable[str]) -> dict[str, Any]:
+    """The policy's parameter: the managed resources (every GPUClass's resourceName), comma-separated."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": MANAGED_RESOURCES, "namespace": namespace},
+        "data": {RESOURCES_KEY: ",".join(sorted(set(resources)))},
+    }
 
 
 def policy(controller_user: str) -> dict[str, Any]:
     """The policy; `controller_user` is KubeVirt's controller identity, the only creator of launcher pods."""
     domain = "object.spec.domain"
     vmi_asks = " || ".join([_vmi_names("gpus"), _vmi_names("hostDevices"), f"({_ASKS.format(c=domain)})"])
+    pod_asks = f"{_pod_asks('containers')} || {_pod_asks('initContainers')}"
     labelled = f"has(object.metadata.labels) && object.metadata.labels[?{json.dumps(LABEL_DEVICE_REFERENCE)}]" \
                ".orValue('') == 'true'"  # fmt: skip
+    marked = f"has(object.metadata.annotations) && object.metadata.annotations[?{json.dumps(ANNOTATION_ADMITTED)}]" \
+             ".orValue('') == 'true'"  # fmt: skip
     if "'" in controller_user or "\\" in controller_user:
         raise ValueError(f"KubeVirt's controller user {controller_user!r} cannot be put in a CEL string")
     launcher = f"request.userInfo.username == '{controller_user}' && has(object.metadata.labels) && " \
@@ -49,7 +74,8 @@ def policy(controller_user: str) -> dict[str, Any]:
         "metadata": {"name": NAME},
         "spec": {
             "failurePolicy": "Fail",
-            "paramKind": {"apiVersion": API_VERSION, "kind": "GPUClass"},
+            # A core kind, not GPUClass: see `parameter` and the module's docstring.
+            "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
             "matchConstraints": {
                 "resourceRules": [
                     {
@@ -62,26 +88,43 @@ def policy(controller_user: str) -> dict[str, Any]:
                 ],
             },
             "variables": [
-                {"name": "resource", "expression": "params.spec.resourceName"},
+                {
+                    "name": "managed",
+                    "expression": f"has(params.data) && has(params.data.{RESOURCES_KEY}) && "
+                    f"params.data.{RESOURCES_KEY} != '' ? params.data.{RESOURCES_KEY}.split(',') : []",
+                },
                 {"name": "isVMI", "expression": "request.resource.resource == 'virtualmachineinstances'"},
+                # The managed resources the object asks for; each evaluated only for its own kind.
+                {"name": "vmiAsks", "expression": f"variables.managed.filter(r, {vmi_asks})"},
+                {"name": "podAsks", "expression": f"variables.managed.filter(r, {pod_asks})"},
             ],
             "validations": [
                 {
                     # §12.1: labelled VMIs are the VMI webhook's (§3.8 refuses their own GPU entries).
-                    "expression": f"!variables.isVMI || ({labelled}) || !({vmi_asks})",
-                    "messageExpression": "'VMI ' + object.metadata.name + ' names ' + variables.resource + "
-                    "', the resource of GPUClass ' + params.metadata.name + ', directly: GPUs are given to VMs "
-                    f"through GPUDevices: label the VMI {LABEL_DEVICE_REFERENCE}=true and list its devices in the "
-                    "annotation gpu.cozystack.io/devices'",
+                    "expression": f"!variables.isVMI || ({labelled}) || size(variables.vmiAsks) == 0",
+                    "messageExpression": "'VMI ' + object.metadata.name + ' names ' + variables.vmiAsks[0] + "
+                    "', a GPU resource the GPU operator manages, directly: GPUs are given to VMs through GPUDevices: "
+                    f"label the VMI {LABEL_DEVICE_REFERENCE}=true and list its devices in the annotation "
+                    f"{ANNOTATION_DEVICES}'",
+                    "reason": "Forbidden",
+                },
+                {
+                    # §12.3: a labelled VMI went through the VMI webhook, which stamps its mark; a VMI that did not
+                    # (the mutating configuration missing, deleted, or mid-replacement) is refused, never admitted
+                    # without its GPUs. KubeVirt retries the start.
+                    "expression": f"!variables.isVMI || !({labelled}) || ({marked})",
+                    "messageExpression": "'VMI ' + object.metadata.name + ' references GPUDevices but the VMI webhook "
+                    f"of the GPU operator did not admit it (no {ANNOTATION_ADMITTED} mark): its "
+                    "MutatingWebhookConfiguration is missing or the operator is being replaced; KubeVirt retries "
+                    "the start'",
                     "reason": "Forbidden",
                 },
                 {
                     # §12.2, §12.3: only KubeVirt's launcher pods, which the pod webhook then pins.
-                    "expression": f"variables.isVMI || !({_pod_asks('containers')} || "
-                    f"{_pod_asks('initContainers')}) || ({launcher})",
-                    "messageExpression": "'Pod ' + object.metadata.name + ' asks for ' + variables.resource + "
-                    "', the resource of GPUClass ' + params.metadata.name + ', which the GPU operator hands out: "
-                    "only KubeVirt launcher pods of VMs that reference GPUDevices may ask for it'",
+                    "expression": f"variables.isVMI || size(variables.podAsks) == 0 || ({launcher})",
+                    "messageExpression": "'Pod ' + object.metadata.name + ' asks for ' + variables.podAsks[0] + "
+                    "', a GPU resource the GPU operator hands out: only KubeVirt launcher pods of VMs that "
+                    "reference GPUDevices may ask for it'",
                     "reason": "Forbidden",
                 },
             ],
@@ -89,19 +132,31 @@ def policy(controller_user: str) -> dict[str, Any]:
     }
 
 
-def binding() -> dict[str, Any]:
-    """Every GPUClass is a parameter; with no class there is nothing to guard (parameterNotFoundAction Allow)."""
+# Set by the API server from the namespace's name, which no one can change: an exemption nobody can grant
+# themselves by labelling a namespace.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def exempting(namespaces: Sequence[str]) -> dict[str, Any]:
+    """The binding's matchResources: every namespace but the exempt ones, by name (§12.3)."""
+    if not namespaces:
+        return {}
+    expression = {"key": NAMESPACE_NAME_LABEL, "operator": "NotIn", "values": sorted(set(namespaces))}
+    return {"namespaceSelector": {"matchExpressions": [expression]}}
+
+
+def binding(namespace: str, exempt: Sequence[str] = ()) -> dict[str, Any]:
+    """The parameter in the operator's `namespace`; until the operator has written it there is nothing to guard
+    (parameterNotFoundAction Allow: a missing parameter must never refuse every pod in the cluster)."""
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": NAME},
         "spec": {
             "policyName": NAME,
-            "paramRef": {"selector": {}, "parameterNotFoundAction": "Allow"},
+            "paramRef": {"name": MANAGED_RESOURCES, "namespace": namespace, "parameterNotFoundAction": "Allow"},
             "validationActions": ["Deny"],
-            "matchResources": {
-                "namespaceSelector": {"matchExpressions": [{"key": LABEL_UNMANAGED_GPUS, "operator": "DoesNotExist"}]}
-            },
+            "matchResources": exempting(exempt),
         },
     }
 
@@ -112,6 +167,7 @@ CHART_FILE = "no-bypass-policy.yaml"
 
 
 def chart_file() -> str:
-    """The policy and binding as the chart's files/ hold them (`make chart-policy` writes it)."""
+    """The policy as the chart's files/ hold it (`make chart-policy` writes it); the chart's template renders the
+    binding, whose exempt namespaces are a value (a test holds it to `binding`)."""
     header = "# Generated from cozygpu.runtime.policy by `make chart-policy`; a test fails on drift.\n"
-    return header + yaml.safe_dump_all([policy(CHART_USER), binding()], sort_keys=False, width=1000)
+    return header + yaml.safe_dump(policy(CHART_USER), sort_keys=False, width=1000)

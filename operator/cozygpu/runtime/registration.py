@@ -2,8 +2,10 @@
 
 Called by the Operator: `serve` waits until kopf's webhook server accepts connections,
 registers what `webhooks` and `policy` build when the operator serves itself (dev mode),
-then reports the webhooks ready; `unregister` removes them again on exit. In a cluster
-the chart installs them and only the wait is done here.
+then reports the webhooks ready; `unregister` removes the webhook configurations again on
+exit and leaves the no-bypass policy, so that while no operator serves, a labelled VMI is
+refused rather than admitted without its GPUs (§12.3). In a cluster the chart installs them
+and only the wait is done here.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import asyncio
 import structlog
 
 from cozygpu.api import kinds
-from cozygpu.kube.adapter import ApiError, AsyncKube
+from cozygpu.kube.adapter import ApiError, AsyncKube, Forbidden, Invalid
 from cozygpu.runtime import policy, webhooks
 from cozygpu.settings import Settings
 
@@ -21,9 +23,10 @@ log = structlog.get_logger("cozygpu.operator")
 
 
 class Registration:
-    def __init__(self, settings: Settings, kube: AsyncKube) -> None:
+    def __init__(self, settings: Settings, kube: AsyncKube, namespace: str) -> None:
         self._settings = settings
         self._kube = kube
+        self._namespace = namespace  # the operator's: where the policy's parameter lives (runtime.guard)
         self.serving: webhooks.Serving | None = None  # set by `configure` in dev mode
         self.ready = settings.webhook_mode == "off"
 
@@ -44,8 +47,14 @@ class Registration:
             ):
                 kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
                 await self._kube.put_object(kind, config)
-            await self._kube.put_object(kinds.POLICY, policy.policy(self._settings.kubevirt_controller_user))
-            await self._kube.put_object(kinds.POLICY_BINDING, policy.binding())
+            try:
+                await self._kube.put_object(kinds.POLICY, policy.policy(self._settings.kubevirt_controller_user))
+                binding = policy.binding(self._namespace, self._settings.exempt_namespaces)
+                await self._kube.put_object(kinds.POLICY_BINDING, binding)
+            except (Forbidden, Invalid) as e:
+                # A restricted identity (--as-given) may not register a policy whose parameter it cannot read; the
+                # webhooks serve without it, and the log says so.
+                log.warning("policy.unregistered", error=e.message)
             log.info("webhooks.registered", url=self.serving.url, policy=policy.NAME)
         self.ready = True
         await asyncio.Event().wait()
@@ -54,8 +63,7 @@ class Registration:
         if self.serving is None:
             return
         registered = ((kinds.MUTATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
-                      (kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
-                      (kinds.POLICY_BINDING, policy.NAME), (kinds.POLICY, policy.NAME))  # fmt: skip
+                      (kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME))  # fmt: skip
         for kind, name in registered:
             try:
                 await self._kube.delete(kind, name)

@@ -369,7 +369,7 @@ class VMIAdmission:
 
     async def _release(self, namespace: str, created: GPUDevice) -> None:
         """Drop the in-use finalizer from a template device this call deleted: the collector may have added it
-        meanwhile (it records any VMI of the name, a running one the device is not for), and would keep it."""
+        meanwhile (it records the VMI of the name that names it, which may be another call's), and would keep it."""
         for _ in range(CONFLICT_RETRIES):
             current = await self._get(namespace, created.name)
             if current is None or current.metadata.uid != created.metadata.uid:
