@@ -9,6 +9,13 @@ cluster's API server on loopback. The API server calls its webhooks through the 
 configurations and CA bundle; with no kube-proxy here, their Service is an ExternalName for localhost and their
 port the container's (9443: the Service's 443 -> webhook is kube-proxy's part).
 
+The chart is rendered with `webhookClientCA` set to the CA the dev control plane publishes (the ConfigMap
+cozy-gpu-system/cozy-gpu-webhook-client-ca; its kube-apiserver presents a client certificate of that CA to every
+webhook under an AdmissionConfiguration), so the image runs with COZYGPU_WEBHOOK_CLIENT_CA and the chart's
+ConfigMap mounted where it points (§14.1): every admission below is the API server's, through the TLS handshake
+that turns away a caller without that certificate, which a test here shows. The chart's NetworkPolicy is not
+installed: nothing here enforces one (tests/integration/test_chart.py checks it, tests/e2e under kind).
+
 buildah cannot make a container's root read-only, so where the chart sets readOnlyRootFilesystem the tier checks
 instead that the operator wrote nothing outside /tmp: the container's root filesystem before and after it ran.
 """
@@ -17,6 +24,8 @@ from __future__ import annotations
 
 import base64
 import copy
+import http.client
+import json
 import socket
 import ssl
 import subprocess
@@ -30,15 +39,16 @@ import pytest
 import requests
 import yaml
 
-from cozygpu import __version__
+from cozygpu import __version__, tls
 from cozygpu.api import kinds
+from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.devcluster import binaries
 from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_device_body, held, refused
+from tests.helpers import device_status, gpu_device_body, held, refused
 from tests.image.container import Container, build, config, write_volume
 
 pytestmark = pytest.mark.image
@@ -90,11 +100,20 @@ def image() -> str:
     return build()
 
 
-def render() -> list[dict[str, Any]]:
+def render(*values: str) -> list[dict[str, Any]]:
     helm = binaries.find(("helm",)) / "helm"
-    out = subprocess.run([str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
-    return [d for d in yaml.safe_load_all(out) if d]
+    done = subprocess.run([str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *values],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def published_client_ca(kube: Kube, directory: Path) -> Path:
+    """The dev control plane's webhook client CA, where a platform admin would copy it from (§14.1)."""
+    config = kube.get(kinds.kind("ConfigMap"), DEV_WEBHOOK_CLIENT_CA, DEV_NAMESPACE)
+    path = directory / "webhook-client-ca.crt"
+    path.write_text(config["data"]["ca.crt"])
+    return path
 
 
 def port_in_use(port: int) -> bool:
@@ -110,7 +129,7 @@ def port_in_use(port: int) -> bool:
 def install(kube: Kube, docs: list[dict[str, Any]], webhook_port: int) -> None:
     """The chart's namespace-side objects and RBAC, its webhook configurations routed to the container."""
     kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    for kind in ("ServiceAccount", "Secret", "Role", "RoleBinding", "ClusterRoleBinding"):
+    for kind in ("ServiceAccount", "Secret", "ConfigMap", "Role", "RoleBinding", "ClusterRoleBinding"):
         kube.put_object(kinds.kind(kind), one(docs, kind))
     kube.put_object(kinds.kind("ClusterRole"), one(docs, "ClusterRole", RELEASE))
     service = copy.deepcopy(one(docs, "Service"))  # the tests read the chart's own Service and configurations
@@ -144,23 +163,28 @@ def environment(spec: dict[str, Any], plane: ControlPlane) -> dict[str, str]:
 def deployed(
     image: str, control_plane: ControlPlane, kube: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Deployed]:
-    """The chart installed (webhooks to the container) and the image running with the Deployment's settings."""
-    docs = render()
+    """The chart installed (webhooks to the container) and the image running with the Deployment's settings, the
+    API server's webhook client CA among them."""
+    where = tmp_path_factory.mktemp("image")
+    docs = render("--set-file", f"webhookClientCA={published_client_ca(kube, where)}")
     [spec] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     ports = sorted(p["containerPort"] for p in spec["ports"])
     if busy := [p for p in ports if port_in_use(p)]:
         pytest.skip(f"port(s) {busy} in use on this host: the container shares the host's network")
     webhook_port = next(p["containerPort"] for p in spec["ports"] if p["name"] == "webhook")
     image_config = config(image)
-    where = tmp_path_factory.mktemp("image")
     volumes = {m["name"]: m["mountPath"] for m in spec["volumeMounts"]}
-    assert set(volumes) == {"tls", "tmp"}, "a new volume in the chart: mount it here too"
+    assert set(volumes) == {"tls", "tmp", "client-ca"}, "a new volume in the chart: mount it here too"
+    [client_ca] = [v["configMap"]["name"] for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+                   if v["name"] == "client-ca"]  # fmt: skip
     install(kube, docs, webhook_port)
     container: Container | None = None
     try:
         secret = one(docs, "Secret")["data"]
+        ca_files = one(docs, "ConfigMap", client_ca)["data"]
         mounts = {
             volumes["tls"]: write_volume(where / "tls", {k: base64.b64decode(v) for k, v in secret.items()}),
+            volumes["client-ca"]: write_volume(where / "client-ca", {k: v.encode() for k, v in ca_files.items()}),
             SA_DIR: write_volume(where / "serviceaccount", {
                 "token": kube.request_token(NAMESPACE, RELEASE).encode(),
                 "ca.crt": control_plane.ca.cert_pem,
@@ -267,14 +291,89 @@ def test_metrics_are_served_on_the_services_http_port_to_the_charts_metrics_read
         kube.delete(kinds.kind("ClusterRole"), reader["metadata"]["name"])
 
 
-def test_the_services_webhook_port_serves_the_charts_certificate(deployed: Deployed) -> None:
-    """TLS on the Service's webhook targetPort, verified with the chart's CA for the Service's DNS name."""
+def webhook_call(deployed: Deployed, path: str, review: dict[str, Any], client: tls.KeyPair | None,
+                 directory: Path) -> dict[str, Any]:  # fmt: skip
+    """A review POSTed straight to the Service's webhook targetPort, as any pod that reaches the port could: TLS
+    verified with the chart's CA for the Service's DNS name, presenting `client`'s certificate or none."""
     [hook] = [p for p in one(deployed.docs, "Service")["spec"]["ports"] if p["name"] == "webhook"]
     ca = base64.b64decode(one(deployed.docs, "Secret")["data"]["ca.crt"]).decode()
     context = ssl.create_default_context(cadata=ca)
+    if client is not None:
+        cert, key = directory / f"{uuid.uuid4().hex}.crt", directory / f"{uuid.uuid4().hex}.key"
+        cert.write_bytes(client.cert_pem)
+        key.write_bytes(client.key_pem)
+        context.load_cert_chain(cert, key)
+    port, name = deployed.port(hook["targetPort"]), f"{RELEASE}.{NAMESPACE}.svc"
+    conn = http.client.HTTPSConnection(name, port, context=context, timeout=10)
+    conn.sock = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname=name)
+    try:
+        conn.request("POST", path, json.dumps(review).encode(), {"Content-Type": "application/json"})
+        response = conn.getresponse()
+        assert response.status == 200, response.read()
+        answer: dict[str, Any] = json.loads(response.read())["response"]
+        return answer
+    finally:
+        conn.close()
+
+
+def test_the_services_webhook_port_serves_the_charts_certificate(
+    deployed: Deployed, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    """TLS on the Service's webhook targetPort, verified with the chart's CA for the Service's DNS name, by a caller
+    presenting a client certificate of the API server's webhook client CA."""
+    [hook] = [p for p in one(deployed.docs, "Service")["spec"]["ports"] if p["name"] == "webhook"]
+    ca = base64.b64decode(one(deployed.docs, "Secret")["data"]["ca.crt"]).decode()
+    context = ssl.create_default_context(cadata=ca)
+    client = control_plane.webhook_ca.client("kube-apiserver-webhook-client")
+    (tmp_path / "client.crt").write_bytes(client.cert_pem)
+    (tmp_path / "client.key").write_bytes(client.key_pem)
+    context.load_cert_chain(tmp_path / "client.crt", tmp_path / "client.key")
     raw = socket.create_connection(("127.0.0.1", deployed.port(hook["targetPort"])), timeout=10)
-    with context.wrap_socket(raw, server_hostname=f"{RELEASE}.{NAMESPACE}.svc") as tls:
-        assert tls.version()
+    with context.wrap_socket(raw, server_hostname=f"{RELEASE}.{NAMESPACE}.svc") as conn:
+        assert conn.version()
+
+
+def test_only_the_api_servers_client_certificate_is_answered(
+    deployed: Deployed,
+    control_plane: ControlPlane,
+    kube: Kube,
+    namespace: str,
+    gpu: Gpu,
+    gpu_node: GPUNodeFactory,
+    tmp_path: Path,
+) -> None:
+    """§14.1 with the chart's webhookClientCA: a review posted straight to the image's VMI webhook for a VMI
+    `ghost` naming a held device gets no answer without a client certificate, nor with one of another CA: the
+    TLS handshake turns it away, and the device stays unattached. A certificate of the published CA is answered
+    (a dry run: nothing written), and the API server, which presents one, has the same VMI admitted."""
+    node = gpu_node({gpu.resource: 1})["metadata"]["name"]
+    wait_for(f"GPUNode {node} accounted", lambda: gpunode_units(kube, node) == 1)
+    held(kube, namespace, "h1", gpu.cls)
+    vmi = vmi_body("ghost", namespace, [{"device": "h1"}])
+    hooks = one(deployed.docs, "MutatingWebhookConfiguration")["webhooks"]
+    [path] = [
+        h["clientConfig"]["service"]["path"] for h in hooks if "virtualmachineinstances" in h["rules"][0]["resources"]
+    ]
+
+    def review(dry_run: bool) -> dict[str, Any]:
+        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": str(uuid.uuid4()), "operation": "CREATE", "namespace": namespace, "name": "ghost",
+            "kind": {"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachineInstance"},
+            "resource": {"group": "kubevirt.io", "version": "v1", "resource": "virtualmachineinstances"},
+            "userInfo": {"username": "mallory"}, "object": vmi, "oldObject": None, "dryRun": dry_run}}  # fmt: skip
+
+    for caller in (None, tls.Authority("not the API server's CA").client("kube-apiserver-webhook-client")):
+        with pytest.raises((ssl.SSLError, ConnectionError)):
+            webhook_call(deployed, path, review(False), caller, tmp_path)
+    assert "attachedTo" not in device_status(kube, namespace, "h1")
+    assert deployed.container.running(), deployed.tail()
+    trusted = control_plane.webhook_ca.client("someone-with-the-api-servers-ca")
+    answer = webhook_call(deployed, path, review(True), trusted, tmp_path)
+    assert answer["allowed"] is True, answer
+    assert "attachedTo" not in device_status(kube, namespace, "h1")
+    stored = kube.create(kinds.VMI, vmi)
+    assert stored["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpudev0-0", "deviceName": gpu.resource}]
+    assert device_status(kube, namespace, "h1")["attachedTo"]["vmi"] == "ghost"
 
 
 # -- the operator's work, through the API server -------------------------------------------------

@@ -4,6 +4,11 @@ helm is built from the Go module proxy like the control plane (`hack/build-contr
 chart's webhook configurations must be the ones the operator registers itself in --dev mode, its
 ClusterRole the one every integration test runs the operator with, and every object it renders must be
 accepted by the real API server. The image itself is built and run with the chart's settings in tests/image.
+
+The NetworkPolicy (§14.1) is checked for what it says and that the API server accepts it; whether packets are
+dropped depends on a CNI that enforces NetworkPolicy, and this machine runs none (no Docker, no kind, no kubelet
+networking: the API server here stores the policy and nothing enforces it). tests/e2e/test_kind.py checks
+enforcement where kind runs.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ pytestmark = pytest.mark.integration
 
 CHART = binaries.repo_root() / "charts" / "cozy-gpu-operator"
 RELEASE, NAMESPACE = identity.NAME, identity.NAMESPACE  # the chart's defaults are the dev identity's names
+# The chart renders only once something admits the API server to the webhook port (§14.1): an address from
+# TEST-NET-1 (RFC 5737) unless a test says otherwise.
+API_SERVER = ("--set", "networkPolicy.apiServer.cidrs={192.0.2.10/32}")
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +56,10 @@ def run(helm: Path, *args: str) -> str:
     return done.stdout
 
 
-def render(helm: Path, *args: str, release: str = RELEASE, namespace: str = NAMESPACE) -> list[dict[str, Any]]:
-    out = run(helm, "template", release, str(CHART), "--namespace", namespace, *args)
+def render(
+    helm: Path, *args: str, release: str = RELEASE, namespace: str = NAMESPACE, fence: tuple[str, ...] = API_SERVER
+) -> list[dict[str, Any]]:
+    out = run(helm, "template", release, str(CHART), "--namespace", namespace, *fence, *args)
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -75,12 +85,13 @@ def test_the_no_bypass_policy_is_the_one_the_operator_registers_itself(helm: Pat
     assert one(exempt, "ValidatingAdmissionPolicyBinding")["spec"] == policy.binding(NAMESPACE, ["ci", "lab"])["spec"]
     [container] = one(exempt, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert {"name": "COZYGPU_EXEMPT_NAMESPACES", "value": "lab,ci"} in container["env"]
-    assert not [d for d in render(helm, "--set", "noBypassPolicy.enabled=false") if "Policy" in d["kind"]]
+    off = render(helm, "--set", "noBypassPolicy.enabled=false")
+    assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
 
 
 def test_the_chart_lints(helm: Path) -> None:
-    """helm lint --strict finds nothing to say."""
-    run(helm, "lint", str(CHART), "--strict")
+    """helm lint --strict finds nothing to say, the NetworkPolicy rendered (given the API server's addresses)."""
+    run(helm, "lint", str(CHART), "--strict", *API_SERVER)
 
 
 def test_the_webhooks_are_the_ones_the_operator_registers_itself(helm: Path) -> None:
@@ -162,7 +173,7 @@ def test_every_rendered_object_is_accepted_by_the_api_server(helm: Path, kube: K
                 "ClusterRoleBinding",
                 "Role", "RoleBinding", "Service", "Deployment", "MutatingWebhookConfiguration",
                 "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
-                "ValidatingAdmissionPolicyBinding"]  # fmt: skip
+                "ValidatingAdmissionPolicyBinding", "NetworkPolicy"]  # fmt: skip
     assert sorted(d["kind"] for d in docs) == sorted(expected)
     for doc in docs:
         kind = kinds.kind(doc["kind"])
@@ -271,3 +282,107 @@ def test_a_webhook_client_ca_value_makes_the_operator_require_it(helm: Path) -> 
     assert not [d for d in plain if d["kind"] == "ConfigMap"]
     [container] = one(plain, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert "COZYGPU_WEBHOOK_CLIENT_CA" not in {e["name"] for e in container["env"]}
+
+
+# -- the NetworkPolicy (§14.1; issue 19 item 1, issue 23 item 3) -----------------------------------------------------
+
+KONNECTIVITY = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}}}  # fmt: skip
+
+
+def container_ports(docs: list[dict[str, Any]]) -> dict[str, int]:
+    """The operator container's ports by name, as the Deployment declares them."""
+    [container] = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return {p["name"]: p["containerPort"] for p in container["ports"]}
+
+
+def rules_by_port(policy: dict[str, Any]) -> dict[int, list[dict[str, Any]] | None]:
+    """Each ingress rule's peers by the one port it opens; None where it admits every source."""
+    found: dict[int, list[dict[str, Any]] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        [port] = rule["ports"]
+        assert port.get("protocol", "TCP") == "TCP" and port["port"] not in found, rule
+        found[port["port"]] = rule.get("from")
+    return found
+
+
+def test_the_network_policy_admits_the_api_server_to_the_webhook_and_monitoring_to_metrics(helm: Path) -> None:
+    """§14.1: the policy selects the Deployment's pods, fences ingress only, and admits the webhook port (the one
+    the Deployment names `webhook`, which the Service's webhook port and the operator's COZYGPU_WEBHOOK_PORT lead
+    to) from the API server's CIDRs and peers, and the http port (metrics; the probes' port) from the monitoring
+    namespace, narrowed by a pod selector when one is given. Every container port has a rule."""
+    prometheus = {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    docs = render(helm, "--set", "networkPolicy.apiServer.cidrs={10.0.0.2/32,10.0.0.3/32}",
+                  "--set-json", f"networkPolicy.apiServer.peers={json.dumps([KONNECTIVITY])}",
+                  "--set-json", f"networkPolicy.metrics.podSelector={json.dumps(prometheus)}")  # fmt: skip
+    policy, deployment = one(docs, "NetworkPolicy"), one(docs, "Deployment")
+    assert policy["metadata"]["name"] == RELEASE
+    assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert policy["spec"]["policyTypes"] == ["Ingress"] and "egress" not in policy["spec"]
+    ports = container_ports(docs)
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert int(env["COZYGPU_WEBHOOK_PORT"]) == ports["webhook"] and int(env["COZYGPU_HEALTH_PORT"]) == ports["http"]
+    service = {p["name"]: p["targetPort"] for p in one(docs, "Service")["spec"]["ports"]}
+    assert service == {"webhook": "webhook", "http": "http"}  # by name: the policy sees the pod's port
+    assert {container[p]["httpGet"]["port"] for p in ("readinessProbe", "livenessProbe")} == {"http"}
+    rules = rules_by_port(policy)
+    assert set(rules) == set(ports.values())
+    assert rules[ports["webhook"]] == [{"ipBlock": {"cidr": "10.0.0.2/32"}}, {"ipBlock": {"cidr": "10.0.0.3/32"}},
+                                       KONNECTIVITY]  # fmt: skip
+    monitoring = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    assert rules[ports["http"]] == [{"namespaceSelector": monitoring, "podSelector": prometheus}]
+    # The default: the whole monitoring namespace.
+    assert rules_by_port(one(render(helm), "NetworkPolicy"))[ports["http"]] == [{"namespaceSelector": monitoring}]
+
+
+def test_without_the_api_servers_addresses_or_a_client_ca_the_chart_refuses_to_render(helm: Path) -> None:
+    """§14.1: with the policy on, no address or peer for the API server and no client CA, a policy would admit
+    nobody to the webhook port and every GPU VMI would be refused (the webhooks fail closed), discovered only
+    when VMs fail to start: `helm template` (and so install and upgrade) fails instead, saying what to set (`helm
+    lint` logs a template's `fail` and passes: lint runs without the install's values). With a client CA
+    and no addresses the webhook port is open to all (the TLS handshake is the fence) while metrics stay fenced;
+    with the policy off nothing of it renders."""
+    done = subprocess.run([str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode != 0, done.stdout
+    assert "nothing admits the API server to the webhook port" in done.stderr
+    for value in ("networkPolicy.apiServer.cidrs", "networkPolicy.apiServer.peers", "webhookClientCA",
+                  "networkPolicy.enabled=false"):  # fmt: skip
+        assert value in done.stderr
+    pem = tls.Authority("an API server's webhook client CA").cert_pem.decode()
+    docs = render(helm, "--set-string", f"webhookClientCA={pem}", fence=())
+    ports = container_ports(docs)
+    rules = rules_by_port(one(docs, "NetworkPolicy"))
+    assert rules[ports["webhook"]] is None
+    assert rules[ports["http"]] is not None
+    for fence in ((), API_SERVER):  # off: the platform fences the port itself, or nothing does (docs/security.md)
+        off = render(helm, "--set", "networkPolicy.enabled=false", fence=fence)
+        assert "NetworkPolicy" not in {d["kind"] for d in off}
+
+
+def test_the_network_policy_is_accepted_by_the_api_server(helm: Path, kube: Kube) -> None:
+    """Server-side dry runs: the API server's validation accepts each form the policy takes (addresses and peers
+    with a narrowed metrics peer; a client CA alone, the webhook port open; metrics selectors emptied, the http
+    port's rule gone). That the CNI enforces it cannot be shown here: no CNI runs (tests/e2e/test_kind.py)."""
+    namespace = "chart-fence-check"
+    kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    pem = tls.Authority("an API server's webhook client CA").cert_pem.decode()
+    forms = [
+        (API_SERVER, ("--set", "networkPolicy.apiServer.cidrs={10.0.0.2/32,fd00::1/128}",
+                      "--set-json", f"networkPolicy.apiServer.peers={json.dumps([KONNECTIVITY])}",
+                      "--set-json", 'networkPolicy.metrics.podSelector={"matchLabels":{"app":"prometheus"}}')),
+        ((), ("--set-string", f"webhookClientCA={pem}")),
+        (API_SERVER, ("--set", "networkPolicy.metrics.namespaceSelector=null")),
+    ]  # fmt: skip
+    seen = []
+    for fence, values in forms:
+        policy = one(render(helm, *values, release=namespace, namespace=namespace, fence=fence), "NetworkPolicy")
+        stored = kube.create(kinds.kind("NetworkPolicy"), policy, dry_run=True)
+        assert stored["spec"]["podSelector"] == policy["spec"]["podSelector"]
+        seen.append(len(stored["spec"]["ingress"]))
+    assert seen == [2, 2, 1]

@@ -31,3 +31,12 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "cozygpu.name" . }}
 {{- define "cozygpu.tlsSecret" -}}
 {{ include "cozygpu.name" . }}-webhook-tls
 {{- end -}}
+
+{{/* The container's ports, named once: the Deployment, its environment and the NetworkPolicy read them here. */}}
+{{- define "cozygpu.webhookPort" -}}
+9443
+{{- end -}}
+
+{{- define "cozygpu.httpPort" -}}
+8080
+{{- end -}}

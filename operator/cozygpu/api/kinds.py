@@ -46,6 +46,7 @@ _ALL = {
     "Service": Kind("v1", "Service", "services", True),
     "Secret": Kind("v1", "Secret", "secrets", True),
     "Deployment": Kind("apps/v1", "Deployment", "deployments", True),
+    "NetworkPolicy": Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", True),
     "Lease": Kind("coordination.k8s.io/v1", "Lease", "leases", True),
     "Role": Kind("rbac.authorization.k8s.io/v1", "Role", "roles", True),
     "VirtualMachineInstance": Kind(KUBEVIRT_API_VERSION, "VirtualMachineInstance", "virtualmachineinstances", True),
