@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 
 from cozygpu.api import kinds
+from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube.adapter import Kube
+from cozygpu.kube.adapter import Body, Kube
 from tests.helpers import gpu_class_body
 from tests.kubevirt.conftest import Gpu
 from tests.reliability import invariants
@@ -99,6 +100,20 @@ def assert_invariants(
     with contextlib.suppress(AssertionError):  # what still fails after the wait is named below
         wait_for("every invariant to hold", lambda: not now(), timeout=timeout)
     assert now() == []
+
+
+def budget_body(
+    namespace: str, name: str = "cap", *, total: int | None = None, limits: Mapping[str, int] | None = None,
+    selector: Mapping[str, str] | None = None,
+) -> Body:  # fmt: skip
+    """A GPUBudget as the platform sets it (tenants may only read budgets)."""
+    spec: dict[str, Any] = {"limits": dict(limits or {})}
+    if total is not None:
+        spec["total"] = total
+    if selector is not None:
+        spec["namespaceSelector"] = {"matchLabels": dict(selector)}
+    return {"apiVersion": API_VERSION, "kind": "GPUBudget", "metadata": {"name": name, "namespace": namespace},
+            "spec": spec}  # fmt: skip
 
 
 # -- KubeVirt in the loop, for the findings that need a launcher pod ------------------------------------------
