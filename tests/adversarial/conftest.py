@@ -47,6 +47,7 @@ class Tenant:
     namespace: str
     kube: Kube
     token: str
+    kubeconfig: Path  # for a client of its own per thread
 
     @property
     def user(self) -> str:
@@ -74,7 +75,7 @@ def make_tenant(plane: ControlPlane, admin: Kube, name: str, directory: Path) ->
     token = admin.request_token(namespace, name)
     user = f"system:serviceaccount:{namespace}:{name}"
     config = plane.write_token_kubeconfig(directory / f"{namespace}.kubeconfig", user, token, namespace=namespace)
-    return Tenant(name, namespace, Kube.from_kubeconfig(config), token)
+    return Tenant(name, namespace, Kube.from_kubeconfig(config), token, config)
 
 
 @pytest.fixture
