@@ -21,7 +21,7 @@ from tests.adversarial.conftest import Tenant, assert_invariants
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator, unregister_webhooks
 from tests.helpers import vmi_body
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from tests.adversarial.conftest import Tenant, assert_invariants, budget_body
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator, unregister_webhooks
 from tests.helpers import gpu_device_body, held, vmi_body
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 
 REFUSAL = "has no GPUBudget, and this cluster requires one"
 

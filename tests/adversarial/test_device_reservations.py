@@ -28,7 +28,7 @@ from tests.adversarial.conftest import Tenant, assert_invariants, budget_body
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import gpu_device_body, held
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 
 ROUNDS = 20
 # How far the first create runs ahead: about the time it takes to reach admission, short of the time it takes to

@@ -20,7 +20,7 @@ from tests.helpers import gpu_device_body
 from tests.kubevirt import vms
 from tests.kubevirt.conftest import Gpu
 
-pytestmark = [pytest.mark.kubevirt]
+pytestmark = [pytest.mark.kubevirt, pytest.mark.adversarial]
 
 SLOW_KUBELET = "cozy.test/slow-kubelet"
 ENDED = ("Succeeded", "Failed")

@@ -19,7 +19,7 @@ from tests.adversarial.conftest import Tenant, assert_invariants
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import vmi_body
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 
 
 def test_metrics_are_served_only_to_callers_allowed_to_get_them(

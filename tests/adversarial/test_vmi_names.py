@@ -16,7 +16,7 @@ from tests.adversarial.conftest import Tenant, assert_invariants
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import device_status, held, vmi_body
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 
 
 def test_a_second_create_of_a_running_vmis_name_writes_nothing(

@@ -27,7 +27,7 @@ from tests.adversarial.conftest import Tenant, assert_invariants, budget_body
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import device_status, gpu_device_body, held, vmi_body
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 
 HOOKS = {
     webhooks.VMI_HOOK: ("kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances"),
