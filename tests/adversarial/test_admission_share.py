@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 
 from cozygpu.api import kinds
+from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.adversarial.conftest import Tenant, assert_invariants
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator, unregister_webhooks
-from tests.helpers import vmi_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 

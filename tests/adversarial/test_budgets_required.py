@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from cozygpu.api import kinds
+from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import ApiError, Forbidden, Kube
 from tests.adversarial.conftest import Tenant, assert_invariants, budget_body
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator, unregister_webhooks
-from tests.helpers import gpu_device_body, held, vmi_body
+from tests.helpers import gpu_device_body, held
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 

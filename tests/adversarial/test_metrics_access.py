@@ -13,11 +13,11 @@ import uuid
 import pytest
 
 from cozygpu.api import kinds
+from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
 from tests.adversarial.conftest import Tenant, assert_invariants
 from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import vmi_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 

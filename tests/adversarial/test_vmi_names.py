@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 
 from cozygpu.api import kinds
+from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.adversarial.conftest import Tenant, assert_invariants
 from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import device_status, held, vmi_body
+from tests.helpers import device_status, held
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 

@@ -19,13 +19,14 @@ import requests
 from cozygpu import tls
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
+from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Body, Kube
 from cozygpu.runtime import webhooks
 from tests.adversarial.conftest import Tenant, assert_invariants, budget_body
 from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import device_status, gpu_device_body, held, vmi_body
+from tests.helpers import device_status, gpu_device_body, held
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 

@@ -3,8 +3,8 @@
 One checker for all scenarios: no node holds more than it has, no device given to two VMIs,
 no attachment (claimed or not) to a VMI that does not exist, no template device without its VMI, no bind
 request left unanswered, no budget exceeded (scenarios set their budgets before any order), no unit a
-pod uses counted free on its node (§6.7: nor counted once for two launchers), and the operator ready. Called once the operator has had a grace period and a sweep to clear
-what a crash left.
+pod uses counted free on its node (§6.7: nor counted once for two launchers), and the operator ready.
+Called once the operator has had a grace period and a sweep to clear what a crash left.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def uncounted(kube: Kube) -> list[str]:
     nodes = {n["metadata"]["name"] for n in kube.list(kinds.NODE)}
     used: dict[tuple[str, str], int] = defaultdict(int)
     for pod in kube.list(kinds.POD):
-        node = (pod.get("spec") or {}).get("nodeName")
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
         if node not in nodes or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         for c in pod["spec"].get("containers") or []:
