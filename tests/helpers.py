@@ -64,21 +64,34 @@ def update(kube: Kube, kind: kinds.Kind, name: str, change: Any, namespace: str 
     raise AssertionError(f"{kind.kind} {name} kept changing")
 
 
+def guests(kube: Kube, namespace: str) -> set[str]:
+    """The uids of VMIs whose guest still runs in a launcher pod that has not ended (§6.7), object or not."""
+    return {
+        o["uid"]
+        for p in kube.list(kinds.POD, namespace)
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        for o in p["metadata"].get("ownerReferences") or []
+        if o.get("kind") == "VirtualMachineInstance" and o.get("controller")
+    }
+
+
 def stale(kube: Kube, namespace: str) -> list[str]:
-    """Attachments or requests without a live VMI, unanswered requests, template devices without their VMI."""
+    """Attachments or requests without a live VMI, unanswered requests, template devices without their VMI. A VMI
+    whose object is gone while its launcher pod still runs the guest is live (§6.7): its set stays."""
     vmis = {v["metadata"]["name"]: v["metadata"]["uid"] for v in kube.list(kinds.VMI, namespace)}
+    running = guests(kube, namespace)
     found = []
     for d in kube.list(kinds.GPU_DEVICE, namespace):
         name, status = d["metadata"]["name"], d.get("status", {})
         attached = status.get("attachedTo")
-        if attached and vmis.get(attached["vmi"]) != attached.get("uid"):
+        if attached and vmis.get(attached["vmi"]) != attached.get("uid") and attached.get("uid") not in running:
             found.append(f"{name}: attached to {attached['vmi']} which is not there")
         request = status.get("bindRequest")
         if request and not request.get("result"):
             found.append(f"{name}: unanswered request")
         if d["metadata"].get("labels", {}).get("gpu.cozystack.io/template-device") == "true":
             owners = [o["uid"] for o in d["metadata"].get("ownerReferences", [])]
-            if not owners or owners[0] not in vmis.values():
+            if not owners or (owners[0] not in vmis.values() and owners[0] not in running):
                 found.append(f"{name}: template device without its VMI")
     return found
 

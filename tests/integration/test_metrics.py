@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
-import uuid
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -67,37 +64,3 @@ def test_admissions_binds_devices_nodes_and_budgets_are_measured(
     wait_for("budget use", lambda: seen("cozygpu_budget_used_units", **budget) == 1)
     assert seen("cozygpu_budget_limit_units", **budget) == 3
     kube.delete(kinds.VMI, "vm", namespace)
-
-
-def test_metrics_are_served_only_to_callers_allowed_to_get_them(
-    admitting: OperatorProcess, kube: Kube, namespace: str, metrics_token: str
-) -> None:
-    """§14.4: no token or a made-up one is 401; a tenant's valid ServiceAccount token without the right is 403;
-    the scraper bound to the chart's metrics-reader role reads them. /healthz and /readyz stay open (probes)."""
-    assert admitting.metrics(None).status_code == 401
-    assert admitting.metrics("not-a-token").status_code == 401
-    kube.create(kinds.kind("ServiceAccount"), {"apiVersion": "v1", "kind": "ServiceAccount",
-                                               "metadata": {"name": "nosy", "namespace": namespace}})  # fmt: skip
-    nosy = admitting.metrics(kube.request_token(namespace, "nosy"))
-    assert nosy.status_code == 403 and f"system:serviceaccount:{namespace}:nosy may not get /metrics" in nosy.text
-    allowed = admitting.metrics(metrics_token)
-    assert allowed.status_code == 200 and "# TYPE cozygpu_devices gauge" in allowed.text
-    assert "cozygpu_" not in nosy.text + admitting.metrics(None).text
-    assert admitting.ready() and admitting.healthy()
-
-
-def test_a_flood_of_made_up_tokens_costs_two_checks_at_a_time_and_admissions_go_on(
-    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, metrics_token: str
-) -> None:
-    """§14.3, §14.4: 60 scrapes at once with made-up tokens are each answered 401, or 503 while two checks are
-    already under way (the API client pool is the admissions' and the binder's); a VMI is admitted meanwhile."""
-    gpu_node({gpu.resource: 1}, name=f"flood-{gpu.cls}")
-    with concurrent.futures.ThreadPoolExecutor(30) as pool:
-        flood = [pool.submit(admitting.metrics, f"made-up-{uuid.uuid4().hex}") for _ in range(60)]
-        refs = [{"deviceTemplate": {"className": gpu.cls, "count": 1}}]
-        admitted = kube.create(kinds.VMI, vmi_body("meanwhile", namespace, refs))
-        codes = [f.result(timeout=60).status_code for f in flood]
-    assert set(codes) <= {401, 503} and 503 in codes, codes
-    assert admitted["spec"]["domain"]["devices"]["gpus"] == [{"name": "gpudev0-0", "deviceName": gpu.resource}]
-    assert admitting.metrics(metrics_token).status_code == 200
-    kube.delete(kinds.VMI, "meanwhile", namespace)

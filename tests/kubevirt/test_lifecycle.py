@@ -113,40 +113,6 @@ def test_deleting_the_vm_releases_everything(
     assert not keep["metadata"].get("finalizers")
 
 
-def test_a_vmi_whose_finalizers_a_tenant_strips_keeps_its_set_until_its_guest_is_gone(
-    kv: Kube, kv_operator: OperatorProcess, ns: str, gpu: Gpu, kv_nodes: Nodes
-) -> None:
-    """§6.7: a tenant deletes its bare VMI and strips its finalizers while the launcher pod still runs the guest
-    (a slow kubelet): the VMI object is gone, but the held device stays attached and the template device stays,
-    so their units are given to no one; once the pod is gone, the held device is detached and the template one
-    deleted."""
-    home = kv_nodes.add(2)
-    kv.create(kinds.GPU_DEVICE, gpu_device_body("keep", ns, gpu.cls))
-    assert bound(kv, ns, "keep") == home
-    body = vms.vm_body("bare", ns, [vms.held("keep"), vms.template(gpu.cls)])["spec"]["template"]
-    meta = {**body["metadata"], "name": "bare", "namespace": ns}
-    kv.create(kinds.VMI, {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta,
-                          "spec": body["spec"]})  # fmt: skip
-    vmi, pod = vms.running(kv, ns, "bare")
-    uid, name = vmi["metadata"]["uid"], pod["metadata"]["name"]
-    wait_for("the uid recorded", lambda: (kv.get(kinds.GPU_DEVICE, "keep", ns)["status"].get("attachedTo") or {})
-             .get("uid") == uid)  # fmt: skip
-    kv.patch(kinds.POD, name, {"metadata": {"finalizers": ["cozy.test/slow-kubelet"]}}, ns)
-    try:
-        kv.delete(kinds.VMI, "bare", ns)
-        wait_for("the pod terminating", lambda: kv.get(kinds.POD, name, ns)["metadata"].get("deletionTimestamp"))
-        kv.patch(kinds.VMI, "bare", {"metadata": {"finalizers": None}}, ns)  # what a tenant may do
-        wait_for("the VMI object gone", lambda: vms.vmi(kv, ns, "bare") is None)
-        time.sleep(2)  # the collector has had its turn with the deletion
-        keep = kv.get(kinds.GPU_DEVICE, "keep", ns)["status"]
-        assert (keep["attachedTo"]["uid"], keep["nodeName"]) == (uid, home)
-        assert kv.get_or_none(kinds.GPU_DEVICE, "bare-gpu-1", ns) is not None
-    finally:
-        kv.patch(kinds.POD, name, {"metadata": {"finalizers": None}}, ns)
-    wait_for("the held device detached", lambda: "attachedTo" not in kv.get(kinds.GPU_DEVICE, "keep", ns)["status"])
-    wait_for("the template device deleted", lambda: kv.get_or_none(kinds.GPU_DEVICE, "bare-gpu-1", ns) is None)
-
-
 def test_a_new_vmi_of_a_stripped_vmis_name_starts_only_once_the_old_guest_is_gone(
     kv: Kube, kv_operator: OperatorProcess, ns: str, gpu: Gpu, kv_nodes: Nodes
 ) -> None:

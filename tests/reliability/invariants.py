@@ -2,9 +2,9 @@
 
 One checker for all scenarios: no node holds more than it has, no device given to two VMIs,
 no attachment (claimed or not) to a VMI that does not exist, no template device without its VMI, no bind
-request left unanswered, no budget exceeded (scenarios set their budgets before any order),
-and the operator ready. Called once the operator has had a grace period and a sweep to clear
-what a crash left.
+request left unanswered, no budget exceeded (scenarios set their budgets before any order), no unit a
+pod uses counted free on its node (§6.7: nor counted once for two launchers), and the operator ready.
+Called once the operator has had a grace period and a sweep to clear what a crash left.
 """
 
 from __future__ import annotations
@@ -35,6 +35,35 @@ def over_allocated(kube: Kube) -> list[str]:
         f"node {node}: {units} of {resource} held, {allocatable.get(node, {}).get(resource, '0')} allocatable"
         for (node, resource), units in sorted(held.items())
         if node in allocatable and units > int(allocatable[node].get(resource, "0"))
+    ]
+
+
+def uncounted(kube: Kube) -> list[str]:
+    """Nodes where running pods use more units of a GPU resource than the GPUNode counts as held or unmanaged
+    (§6.7, §12): a unit a guest uses is never counted free, so never placed for a second guest or another
+    tenant. A launcher whose VMI is gone (its finalizers stripped) still holds its units until its pod ends,
+    and a second launcher of the same VMI name holds units of its own: each counts. Pods that ended, and pods
+    on nodes that are gone, hold nothing."""
+    resources = {c["spec"]["resourceName"] for c in kube.list(kinds.GPU_CLASS)}
+    nodes = {n["metadata"]["name"] for n in kube.list(kinds.NODE)}
+    used: dict[tuple[str, str], int] = defaultdict(int)
+    for pod in kube.list(kinds.POD):
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        if node not in nodes or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for c in pod["spec"].get("containers") or []:
+            for resource, units in ((c.get("resources") or {}).get("limits") or {}).items():
+                if resource in resources:
+                    used[(node, resource)] += int(units)
+    counted = {
+        (g["metadata"]["name"], r["name"]): r.get("held", 0) + r.get("unmanaged", 0)
+        for g in kube.list(kinds.GPU_NODE)
+        for r in (g.get("status") or {}).get("resources") or []
+    }
+    return [
+        f"node {node}: pods use {units} units of {resource}, GPUNode counts {counted.get((node, resource), 0)}"
+        for (node, resource), units in sorted(used.items())
+        if units > counted.get((node, resource), 0)
     ]
 
 
@@ -102,7 +131,7 @@ def over_budget(kube: Kube, namespace: str) -> list[str]:
 def violations(kube: Kube, namespace: str, operator: OperatorProcess | None = None) -> list[str]:
     """Every invariant broken now, in words; empty when all hold."""
     found = over_allocated(kube) + given_twice(kube, namespace) + stale(kube, namespace) + orphaned(kube, namespace)
-    found += over_budget(kube, namespace)
+    found += over_budget(kube, namespace) + uncounted(kube)
     if operator is not None and not operator.ready():
         found.append("the operator is not ready")
     return found

@@ -1,26 +1,27 @@
-"""One namespace's share of the VMI admissions under way at once (§14.3), through the real API server.
+"""Issue 19 item 6 (§14.3): one tenant's share of the VMI admissions under way at once.
 
 The operator runs without its binder, so every admission stays under way for its bind
-timeout: what one tenant has under way is what it holds of the operator's API calls.
+timeout: what mallory has under way is what she holds of the operator's API calls, and the
+victim's admission must still be taken up.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from cozygpu.api import kinds
+from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
+from tests.adversarial.conftest import Tenant, assert_invariants
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator, unregister_webhooks
-from tests.helpers import vmi_body
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 
 
 @pytest.fixture
@@ -36,31 +37,30 @@ def waiting_operator(
 
 
 def test_one_namespace_cannot_hold_more_than_its_share_of_admissions(
-    waiting_operator: OperatorProcess, kube: Kube, gpu: Gpu, gpu_node: GPUNodeFactory
+    waiting_operator: OperatorProcess, kube: Kube, mallory: Tenant, victim: Tenant, gpu: Gpu, gpu_node: GPUNodeFactory
 ) -> None:
-    """§14.3: with two admissions under way in a namespace, a third there is refused at once naming the limit,
-    while another namespace's admission is still taken up; once the two end, the namespace admits again."""
+    """§14.3: with two of mallory's admissions under way, a third of hers is refused at once naming the limit,
+    while the victim's admission is still taken up; once her two end, her namespace admits again."""
     gpu_node({gpu.resource: 8}, name=f"share-{gpu.cls}")
-    a, b = (f"{t}-{uuid.uuid4().hex[:6]}" for t in ("share-a", "share-b"))
-    for ns in (a, b):
-        kube.create(kinds.NAMESPACE, {"metadata": {"name": ns}})
+    a = mallory.namespace
     refs = [{"deviceTemplate": {"className": gpu.cls, "count": 1}}]
 
-    def create(name: str, namespace: str) -> str:
+    def create(tenant: Tenant, name: str) -> str:
         try:
-            kube.create(kinds.VMI, vmi_body(name, namespace, refs))
+            tenant.kube.create(kinds.VMI, vmi_body(name, tenant.namespace, refs))
         except ApiError as e:
             return e.message
         return "admitted"
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        first = [pool.submit(create, f"v{i}", a) for i in range(2)]
+        first = [pool.submit(create, mallory, f"v{i}") for i in range(2)]
         wait_for("two admissions under way", lambda: all(
             (kube.get_or_none(kinds.GPU_DEVICE, f"v{i}-gpu-0", a) or {}).get("status", {}).get("bindRequest")
             for i in range(2)), timeout=10)  # fmt: skip
-        third = create("v2", a)
-        other = pool.submit(create, "w0", b)
+        third = create(mallory, "v2")
+        other = pool.submit(create, victim, "w0")
         assert f"namespace {a} has 2 VMI admissions with GPUs under way" in third
         answers = [f.result(timeout=30) for f in first] + [other.result(timeout=30)]
     assert all("did not answer within 4s" in m for m in answers), answers
-    assert "under way" not in create("v3", a)
+    assert "under way" not in create(mallory, "v3")
+    assert_invariants(kube, (mallory, victim), waiting_operator)
