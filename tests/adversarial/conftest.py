@@ -21,12 +21,12 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
-from cozygpu.devcluster import binaries, identity, nodes
+from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Body, Kube
 from tests.helpers import gpu_class_body
-from tests.kubevirt.conftest import Gpu
+from tests.kubevirt.conftest import Gpu, kubevirt_operator, kubevirt_plane
 from tests.reliability import invariants
 
 RBAC = "rbac.authorization.k8s.io"
@@ -124,13 +124,7 @@ def budget_body(
 
 @pytest.fixture(scope="module")
 def kv_plane() -> Iterator[ControlPlane]:
-    plane = ControlPlane(kubevirt=True)
-    try:
-        plane.start(timeout=180)
-    except binaries.KubeVirtUnavailable as e:
-        pytest.skip(f"KubeVirt in the loop: {e}; see the README (KUBEVIRT_SRC or KUBEVIRT_ASSETS)")
-    yield plane
-    plane.stop()
+    yield from kubevirt_plane()
 
 
 @pytest.fixture(scope="module")
@@ -141,12 +135,7 @@ def kv(kv_plane: ControlPlane) -> Kube:
 
 @pytest.fixture(scope="module")
 def kv_operator(kv_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    """The operator with its webhooks (--dev), as its own ServiceAccount under the chart's RBAC."""
-    directory = tmp_path_factory.mktemp("kv-operator")
-    kubeconfig = identity.write_kubeconfig(kv_plane, directory / "kubeconfig")
-    process = OperatorProcess(kubeconfig, directory / "operator.log", "--dev", "--bind-timeout", "5").start()
-    yield process
-    process.stop()
+    yield from kubevirt_operator(kv_plane, tmp_path_factory.mktemp("kv-operator"))
 
 
 @pytest.fixture

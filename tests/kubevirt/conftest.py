@@ -10,6 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -23,8 +24,8 @@ from tests.helpers import gpu_class_body
 pytestmark = pytest.mark.kubevirt
 
 
-@pytest.fixture(scope="session")
-def kv_plane() -> Iterator[ControlPlane]:
+def kubevirt_plane() -> Iterator[ControlPlane]:
+    """A control plane with KubeVirt's controllers, for a fixture of any scope; skips saying why where it cannot."""
     plane = ControlPlane(kubevirt=True)
     try:
         plane.start(timeout=180)
@@ -32,6 +33,19 @@ def kv_plane() -> Iterator[ControlPlane]:
         pytest.skip(f"KubeVirt in the loop: {e}; see the README (KUBEVIRT_SRC or KUBEVIRT_ASSETS)")
     yield plane
     plane.stop()
+
+
+def kubevirt_operator(plane: ControlPlane, directory: Path) -> Iterator[OperatorProcess]:
+    """The operator with its webhooks (--dev), as its own ServiceAccount under the chart's RBAC."""
+    kubeconfig = identity.write_kubeconfig(plane, directory / "kubeconfig")
+    process = OperatorProcess(kubeconfig, directory / "operator.log", "--dev", "--bind-timeout", "5").start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def kv_plane() -> Iterator[ControlPlane]:
+    yield from kubevirt_plane()
 
 
 @pytest.fixture(scope="session")
@@ -49,12 +63,7 @@ def as_kubevirt_controller(kv_plane: ControlPlane) -> Kube:
 
 @pytest.fixture(scope="session")
 def kv_operator(kv_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    """The operator with its webhooks (--dev), as its own ServiceAccount under the chart's RBAC."""
-    directory = tmp_path_factory.mktemp("kv-operator")
-    kubeconfig = identity.write_kubeconfig(kv_plane, directory / "kubeconfig")
-    process = OperatorProcess(kubeconfig, directory / "operator.log", "--dev", "--bind-timeout", "5").start()
-    yield process
-    process.stop()
+    yield from kubevirt_operator(kv_plane, tmp_path_factory.mktemp("kv-operator"))
 
 
 @pytest.fixture
