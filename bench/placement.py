@@ -20,13 +20,14 @@ import time
 import tracemalloc
 from collections.abc import Callable
 
-from cozygpu.api import GPUDevice
+from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.names import FINALIZER_IN_USE, LABEL_TEMPLATE_DEVICE
 from cozygpu.api.selectors import selector_matches
 from cozygpu.decisions.budgets import Order, check_orders
 from cozygpu.decisions.lifecycle import device_actions
 from cozygpu.decisions.nodestatus import gpunode_status
 from cozygpu.decisions.placement import place
+from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 
 RESOURCES = ["nvidia.com/A10", "nvidia.com/L40S", "nvidia.com/H100"]
@@ -36,18 +37,18 @@ def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
     rng = random.Random(seed)
     c = Cluster()
     for i, r in enumerate(RESOURCES):
-        c.upsert_class({"metadata": {"name": f"c{i}", "resourceVersion": "1"},
+        View(c).apply(kinds.GPU_CLASS, {"metadata": {"name": f"c{i}", "resourceVersion": "1"},
                         "spec": {"mode": "passthrough", "resourceName": r}})  # fmt: skip
     for n in range(nodes):
         r = RESOURCES[n % len(RESOURCES)]
-        c.upsert_node({
+        View(c).apply(kinds.NODE, {
             "metadata": {"name": f"node-{n:05d}", "resourceVersion": "1", "labels": {}},
             "spec": {},
             "status": {"allocatable": {r: "8"}, "conditions": [{"type": "Ready", "status": "True"}]},
         })  # fmt: skip
     for ns in range(namespaces):
-        c.upsert_namespace({"metadata": {"name": f"t{ns}", "labels": {}}})
-        c.upsert_budget({"metadata": {"name": "b", "namespace": f"t{ns}", "resourceVersion": "1"},
+        View(c).apply(kinds.NAMESPACE, {"metadata": {"name": f"t{ns}", "labels": {}}})
+        View(c).apply(kinds.GPU_BUDGET, {"metadata": {"name": "b", "namespace": f"t{ns}", "resourceVersion": "1"},
                          "spec": {"limits": {"c0": 10_000}, "total": 100_000}})  # fmt: skip
     for d in range(devices):
         n = rng.randrange(nodes)
@@ -56,12 +57,12 @@ def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
         status: dict[str, object] = {"phase": "Bound", "nodeName": f"node-{n:05d}"}
         if d % 2:  # a template device of a running VMI: attached, owned, protected
             uid = f"uid-{d}"
-            c.upsert_vmi({"metadata": {"name": f"vm{d}", "namespace": ns, "uid": uid}})
+            View(c).apply(kinds.VMI, {"metadata": {"name": f"vm{d}", "namespace": ns, "uid": uid}})
             meta.update(name=f"vm{d}-gpu-0", labels={LABEL_TEMPLATE_DEVICE: "true"}, finalizers=[FINALIZER_IN_USE],
                         ownerReferences=[{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                                           "name": f"vm{d}", "uid": uid}])  # fmt: skip
             status["attachedTo"] = {"vmi": f"vm{d}", "uid": uid}
-        c.upsert_device({"metadata": meta, "spec": {"className": f"c{n % len(RESOURCES)}", "count": 1},
+        View(c).apply(kinds.GPU_DEVICE, {"metadata": meta, "spec": {"className": f"c{n % len(RESOURCES)}", "count": 1},
                          "status": status})  # fmt: skip
     return c
 
@@ -98,7 +99,7 @@ def _use_by_walk(c: Cluster, namespace: str) -> dict[str, int]:
 def budgets_among_tenants(tenants: int, rounds: int) -> None:
     """One budget per tenant namespace and one org-wide budget selecting all of them."""
     c = build(100, tenants, tenants, seed=2)
-    c.upsert_budget({"metadata": {"name": "org", "namespace": "t0", "resourceVersion": "1"},
+    View(c).apply(kinds.GPU_BUDGET, {"metadata": {"name": "org", "namespace": "t0", "resourceVersion": "1"},
                      "spec": {"namespaceSelector": {"matchExpressions": [{"key": "org", "operator": "DoesNotExist"}]},
                               "total": 10 * tenants}})  # fmt: skip
     orders = [Order("t1", "c0", 1, "deviceTemplate 0"), Order("t1", "c0", 2, "deviceTemplate 1")]

@@ -7,7 +7,9 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION, LABEL_TEMPLATE_DEVICE
+from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 
 A10 = "nvidia.com/GA102GL_A10"
@@ -100,15 +102,15 @@ def cluster(
 ) -> Cluster:
     c = Cluster()
     for n in nodes:
-        c.upsert_node(n)
+        View(c).apply(kinds.NODE, n)
     for cl in classes:
-        c.upsert_class(cl)
+        View(c).apply(kinds.GPU_CLASS, cl)
     for d in devices:
-        c.upsert_device(d)
+        View(c).apply(kinds.GPU_DEVICE, d)
     for b in budgets:
-        c.upsert_budget(b)
+        View(c).apply(kinds.GPU_BUDGET, b)
     for ns, labels in (namespaces or {}).items():
-        c.upsert_namespace({"metadata": {"name": ns, "labels": labels}})
+        View(c).apply(kinds.NAMESPACE, {"metadata": {"name": ns, "labels": labels}})
     return c
 
 

@@ -43,7 +43,7 @@ def _meanwhile(view: View, body: dict[str, Any], call: Any) -> None:
     async def scenario() -> None:
         task = asyncio.create_task(call)
         await asyncio.sleep(0)  # the call is now waiting on the API in a thread
-        view.apply("GPUDevice", body)
+        view.apply(kinds.GPU_DEVICE, body)
         await task
 
     asyncio.run(scenario())
@@ -66,7 +66,7 @@ def test_a_delete_finding_nothing_leaves_an_object_of_the_name_that_arrived_mean
     """delete: the old object is already gone (404); the new one's create response lands meanwhile: kept."""
     w, view = writer
     old = kube.create(kinds.GPU_DEVICE, gpu_device_body("d", namespace, gpu.cls))
-    view.apply("GPUDevice", old)
+    view.apply(kinds.GPU_DEVICE, old)
     kube.delete(kinds.GPU_DEVICE, "d", namespace)
     _meanwhile(view, _newer(old), w.delete(kinds.GPU_DEVICE, "d", namespace, uid=old["metadata"]["uid"]))
     kept = view.cluster.device(namespace, "d")
@@ -79,7 +79,7 @@ def test_what_the_view_held_when_asked_is_forgotten(
     """The plain case still holds: an object the API no longer has, unchanged meanwhile, leaves the view."""
     w, view = writer
     old = kube.create(kinds.GPU_DEVICE, gpu_device_body("d", namespace, gpu.cls))
-    view.apply("GPUDevice", old)
+    view.apply(kinds.GPU_DEVICE, old)
     kube.delete(kinds.GPU_DEVICE, "d", namespace)
     asyncio.run(w.refresh(kinds.GPU_DEVICE, "d", namespace))
     assert view.cluster.device(namespace, "d") is None

@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from cozygpu.api import GPUDevice
+from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions import admission
 from cozygpu.decisions.admission import Member
+from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class, node, request
 
@@ -78,7 +79,7 @@ def test_lost_capacity_refuses_only_with_not_ready_or_overcommit() -> None:
     gpunode = {"metadata": {"name": "n1", "resourceVersion": "1"}, "status": {"conditions": [lost_condition]}}
     bound = model(device("d", phase="Bound", node_name="n1"))
     down = cluster(nodes=[node("n1", {A10: 4}, ready=False)], classes=[gpu_class("a10")])
-    down.upsert_gpunode(gpunode)
+    View(down).apply(kinds.GPU_NODE, gpunode)
     assert admission.check_held(down, "vm", 0, HeldRef("d"), bound) == "GPUDevice d: node n1 has lost capacity"
     not_lost = cluster(nodes=[node("n1", {A10: 4}, ready=False)], classes=[gpu_class("a10")])
     assert isinstance(admission.check_held(not_lost, "vm", 0, HeldRef("d"), bound), Member)
@@ -164,13 +165,15 @@ def test_the_permitted_table_is_kubevirts_own_reading_of_its_cr() -> None:
     c = cluster()
     assert admission.permitted_resources(c) is None
     kv = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "spec": {"configuration": {}}}
-    c.upsert_kubevirt({**kv, "metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "1"}})
+    View(c).apply(
+        kinds.KUBEVIRT, {**kv, "metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "1"}}
+    )
     assert admission.permitted_resources(c) is None
     table = {"pciHostDevices": [{"pciVendorSelector": "10DE:2236", "resourceName": A10}]}
-    c.upsert_kubevirt({"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "2"},
+    View(c).apply(kinds.KUBEVIRT, {"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "2"},
                        "spec": {"configuration": {"permittedHostDevices": table}}})  # fmt: skip
     assert admission.permitted_resources(c) == {A10}
-    c.upsert_kubevirt({"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "3"},
+    View(c).apply(kinds.KUBEVIRT, {"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "3"},
                        "spec": {"configuration": {"permittedHostDevices": {}}}})  # fmt: skip
     assert admission.permitted_resources(c) == set()
 

@@ -7,9 +7,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cozygpu.api import GPUDevice
+from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions import transitions
 from cozygpu.decisions.placement import Placement, place
+from cozygpu.runtime.view import View
 from tests.builders import A10, EPOCH, cluster, device, gpu_class, node
 
 
@@ -23,12 +24,12 @@ def test_an_assumed_decision_outlives_events_of_the_version_it_was_made_on() -> 
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
     pending = c.device("t1", "a")
     assert pending is not None
-    token = c.assume_device(transitions.bound(pending, "n1", EPOCH)).token
-    c.upsert_device(with_version(device("a"), 5))
+    token = View(c).assume(transitions.bound(pending, "n1", EPOCH)).token
+    View(c).apply(kinds.GPU_DEVICE, with_version(device("a"), 5))
     assert c.held_by_class("n1") == {"a10": 1}
     assert c.assumed("t1", "a")
-    assert c.settle_device("t1", "a", token)
-    c.upsert_device(with_version(device("a", phase="Bound", node_name="n1"), 6))
+    assert View(c).settle("t1", "a", token)
+    View(c).apply(kinds.GPU_DEVICE, with_version(device("a", phase="Bound", node_name="n1"), 6))
     stored = c.device("t1", "a")
     assert stored is not None and stored.metadata.resource_version == "6" and not c.assumed("t1", "a")
 
@@ -38,9 +39,9 @@ def test_a_failed_write_gives_the_units_back_once_the_fresh_version_is_in() -> N
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
     pending = c.device("t1", "a")
     assert pending is not None
-    token = c.assume_device(transitions.bound(pending, "n1", EPOCH)).token
-    c.settle_device("t1", "a", token)
-    change = c.apply("GPUDevice", with_version(device("a", phase="Pending"), 7))
+    token = View(c).assume(transitions.bound(pending, "n1", EPOCH)).token
+    View(c).settle("t1", "a", token)
+    change = View(c).apply(kinds.GPU_DEVICE, with_version(device("a", phase="Pending"), 7))
     assert c.held_by_class("n1") == {}
     assert change.room == {"a10"}  # waiting devices of the class are looked at again
 
@@ -51,21 +52,21 @@ def test_settling_an_earlier_assumption_leaves_a_later_one_in_place() -> None:
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
     pending = c.device("t1", "a")
     assert pending is not None
-    first = c.assume_device(transitions.bound(pending, "n1", EPOCH)).token
-    second = c.assume_device(transitions.bound(pending, "n1", EPOCH)).token
-    assert not c.settle_device("t1", "a", first)
+    first = View(c).assume(transitions.bound(pending, "n1", EPOCH)).token
+    second = View(c).assume(transitions.bound(pending, "n1", EPOCH)).token
+    assert not View(c).settle("t1", "a", first)
     assert c.assumed("t1", "a") and c.held_by_class("n1") == {"a10": 1}
-    assert c.settle_device("t1", "a", second) and not c.assumed("t1", "a")
+    assert View(c).settle("t1", "a", second) and not c.assumed("t1", "a")
 
 
 def test_a_node_heartbeat_is_no_capacity_change() -> None:
     """The same node at a newer version, nothing a decision reads changed: no retry of waiting devices.
     More allocatable is room; a cordon is a change of who serves the class, not room."""
     c = cluster(nodes=[with_version(node("n1", {A10: 2}), 1)], classes=[gpu_class("a10")])
-    assert c.apply("Node", with_version(node("n1", {A10: 2}), 2)).room == frozenset()
-    grown = c.apply("Node", with_version(node("n1", {A10: 3}), 3))
+    assert View(c).apply(kinds.NODE, with_version(node("n1", {A10: 2}), 2)).room == frozenset()
+    grown = View(c).apply(kinds.NODE, with_version(node("n1", {A10: 3}), 3))
     assert (grown.room, grown.served) == ({"a10"}, frozenset())
-    cordoned = c.apply("Node", with_version(node("n1", {A10: 3}, unschedulable=True), 4))
+    cordoned = View(c).apply(kinds.NODE, with_version(node("n1", {A10: 3}, unschedulable=True), 4))
     assert (cordoned.room, cordoned.served) == (frozenset(), {"a10"})
 
 
@@ -88,25 +89,29 @@ def test_pipelined_decisions_never_spend_a_unit_twice(counts: list[int], outcome
         outcome = place(c, [current])
         if isinstance(outcome, Placement):
             decided = transitions.bound(current, outcome.node, EPOCH)
-            inflight.append((decided, outcomes[i], c.assume_device(decided).token))
+            inflight.append((decided, outcomes[i], View(c).assume(decided).token))
         check(c)
     rnd.shuffle(inflight)
     for decided, how, token in inflight:
         name, rv = decided.name, int(decided.metadata.resource_version or 0)
         if how in ("echo", "list"):
-            c.upsert_device(with_version(device(name, count=decided.spec.count), rv))  # the old version again
+            View(c).apply(
+                kinds.GPU_DEVICE, with_version(device(name, count=decided.spec.count), rv)
+            )  # the old version again
             check(c)
             # A device arriving now is decided on what the view says is free.
             late = GPUDevice.from_wire(with_version(device(f"late-{name}"), 1))
-            c.upsert_device(late)
+            View(c).apply(kinds.GPU_DEVICE, late.wire())
             if isinstance(outcome := place(c, [late]), Placement):
-                c.assume_device(transitions.bound(late, outcome.node, EPOCH))
+                View(c).assume(transitions.bound(late, outcome.node, EPOCH))
             check(c)
-        c.settle_device("t1", name, token)
+        View(c).settle("t1", name, token)
         if how == "conflict":
-            c.upsert_device(with_version(device(name, count=decided.spec.count, phase="Pending"), rv + 100))
+            View(c).apply(
+                kinds.GPU_DEVICE, with_version(device(name, count=decided.spec.count, phase="Pending"), rv + 100)
+            )
         else:
-            c.upsert_device(with_version(decided.wire(), rv + 100))
+            View(c).apply(kinds.GPU_DEVICE, with_version(decided.wire(), rv + 100))
         check(c)
 
 

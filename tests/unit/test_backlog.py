@@ -10,28 +10,39 @@ pass would place is left waiting.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cozygpu.api import GPUDevice
+from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions import transitions
 from cozygpu.decisions.placement import Placement, place, place_scanning
 from cozygpu.decisions.waiting import fits_now, in_turn, must_decide, overtakes, to_decide
+from cozygpu.runtime.view import View
 from cozygpu.state import serving
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
 from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class, node, pod, rv
 
 
-class CountingNodes(dict[str, Any]):
-    """The view's nodes, counting every node a decision looks at."""
+class CountingNodes(Mapping[str, Any]):
+    """The view's nodes as decisions read them, counting every node a decision looks at."""
 
     visits = 0
 
+    def __init__(self, nodes: Mapping[str, Any]) -> None:
+        self._nodes = nodes
+
     def __getitem__(self, key: str) -> Any:
         CountingNodes.visits += 1
-        return super().__getitem__(key)
+        return self._nodes[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._nodes)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
 
 
 class Binder:
@@ -48,9 +59,9 @@ class Binder:
         self.between: Any = None  # called after each decision: an event landing while a write yields
 
     def apply(self, kind: str, body: dict[str, Any], *, deleted: bool = False) -> Change:
-        change = self.c.apply(kind, body, deleted=deleted)
+        change = View(self.c).apply(kind, body, deleted=deleted)
         if change.stored:
-            if kind == "GPUDevice" and not deleted:
+            if kind is kinds.GPU_DEVICE and not deleted:
                 self.fresh.add((change.namespace, change.name))
             self.room |= change.room
             self.served |= change.served
@@ -86,7 +97,7 @@ class Binder:
             if new != current:
                 body = new.wire()
                 body["metadata"]["resourceVersion"] = rv()
-                self.apply("GPUDevice", body)
+                self.apply(kinds.GPU_DEVICE, body)
             if self.between is not None:
                 self.between()
         return decisions, most
@@ -118,12 +129,12 @@ def test_a_backlog_no_node_serves_is_never_visited_by_another_tenants_churn() ->
     b = backlog_cloud(nodes=200, backlog=300)
     assert all(d.status.phase is not None for d in b.c.devices.values())
     for i in range(30):
-        b.apply("GPUDevice", device(f"churn-{i}", namespace="a", created=10_000 + i))
+        b.apply(kinds.GPU_DEVICE, device(f"churn-{i}", namespace="a", created=10_000 + i))
         passes = b.settle()
         assert sum(n for n, _ in passes) == 1 and max(m for _, m in passes) == 0
         bound = b.c.device("a", f"churn-{i}")
         assert bound is not None and bound.holds_gpus
-        b.apply("GPUDevice", bound.wire(), deleted=True)
+        b.apply(kinds.GPU_DEVICE, bound.wire(), deleted=True)
         passes = b.settle()
         assert sum(n for n, _ in passes) == 0
 
@@ -132,8 +143,8 @@ def test_an_unplaceable_device_is_found_so_without_a_scan() -> None:
     """§14.3: a new device no node can take costs the reasons shown, not a look at every node; its message is
     the one a scan of every node writes."""
     b = backlog_cloud(nodes=500, backlog=0)
-    b.apply("GPUDevice", device("big", count=9, namespace="a"))
-    b.apply("GPUDevice", device("stray", "nowhere", namespace="a"))
+    b.apply(kinds.GPU_DEVICE, device("big", count=9, namespace="a"))
+    b.apply(kinds.GPU_DEVICE, device("stray", "nowhere", namespace="a"))
     passes = b.settle()
     assert sum(n for n, _ in passes) == 4  # each decided, and once more on its own waiting write's echo
     assert max(m for _, m in passes) <= 4
@@ -156,7 +167,7 @@ def test_freed_units_wake_the_oldest_device_that_fits_and_no_more() -> None:
     b.settle()
     gone = c.device("t1", "h0")
     assert gone is not None
-    b.apply("GPUDevice", gone.wire(), deleted=True)
+    b.apply(kinds.GPU_DEVICE, gone.wire(), deleted=True)
     decisions = sum(n for n, _ in b.settle())
     assert decisions == 1
     placed = c.device("t1", "w000")
@@ -186,21 +197,21 @@ def random_event(b: Binder, rnd: random.Random, step: int) -> None:
     if what == "node":
         labels = {"zone": rnd.choice(["x", "y"])}
         gpus = {rnd.choice([A10, L40S]): rnd.randint(0, 4)}
-        b.apply("Node", node(rnd.choice(NODES), gpus, labels=labels, ready=rnd.random() > 0.2,
+        b.apply(kinds.NODE, node(rnd.choice(NODES), gpus, labels=labels, ready=rnd.random() > 0.2,
                              unschedulable=rnd.random() < 0.2))  # fmt: skip
     elif what == "node-gone" and c.nodes:
-        b.apply("Node", {"metadata": {"name": rnd.choice(sorted(c.nodes))}}, deleted=True)
+        b.apply(kinds.NODE, {"metadata": {"name": rnd.choice(sorted(c.nodes))}}, deleted=True)
     elif what == "device":
-        b.apply("GPUDevice", device(f"d{step}", rnd.choice(sorted(CLASSES)), rnd.randint(1, 3), created=step))
+        b.apply(kinds.GPU_DEVICE, device(f"d{step}", rnd.choice(sorted(CLASSES)), rnd.randint(1, 3), created=step))
     elif what == "delete" and c.devices:
         gone = c.devices[rnd.choice(sorted(c.devices))]
-        b.apply("GPUDevice", gone.wire(), deleted=True)
+        b.apply(kinds.GPU_DEVICE, gone.wire(), deleted=True)
     elif what == "class":
         zone = rnd.choice(["x", "y", None])
-        b.apply("GPUClass", gpu_class("zoned", A10, rnd.choice(["passthrough", "vgpu"]),
+        b.apply(kinds.GPU_CLASS, gpu_class("zoned", A10, rnd.choice(["passthrough", "vgpu"]),
                                       **({"nodeSelector": {"zone": zone}} if zone else {})))  # fmt: skip
     elif what == "pod" and c.nodes:
-        b.apply("Pod", pod("job", {A10: rnd.randint(0, 2)}, node=rnd.choice(sorted(c.nodes)),
+        b.apply(kinds.POD, pod("job", {A10: rnd.randint(0, 2)}, node=rnd.choice(sorted(c.nodes)),
                            phase=rnd.choice(["Running", "Succeeded"])))  # fmt: skip
 
 
@@ -250,14 +261,14 @@ def test_room_freed_while_a_pass_is_under_way_goes_to_the_oldest_device_of_the_c
     )
     b = Binder(c)
     b.settle()
-    b.apply("GPUDevice", device("a", "nowhere", created=2))
-    b.apply("GPUDevice", device("f", created=3))
+    b.apply(kinds.GPU_DEVICE, device("a", "nowhere", created=2))
+    b.apply(kinds.GPU_DEVICE, device("f", created=3))
     held = c.device("t1", "h")
     assert held is not None
 
     def free_the_unit() -> None:
         b.between = None
-        b.apply("GPUDevice", held.wire(), deleted=True)
+        b.apply(kinds.GPU_DEVICE, held.wire(), deleted=True)
 
     b.between = free_the_unit
     b.settle()

@@ -8,9 +8,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cozygpu.api import GPUBudget
+from cozygpu.api import GPUBudget, kinds
 from cozygpu.api.selectors import selector_matches
 from cozygpu.decisions.budgets import Order, check_orders, covering_budgets, usage
+from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 from tests.builders import budget, cluster, device, gpu_class, rv
 
@@ -144,7 +145,7 @@ def test_a_namespace_leaving_a_parent_budget_touches_that_budget() -> None:
         namespaces={"parent": {}, "child": {"tenant": "acme"}},
     )
     assert usage(c, c.budgets[("parent", "tenant")]) == {"a10": 2}
-    change = c.apply("Namespace", {"metadata": {"name": "child", "labels": {}, "resourceVersion": rv()}})
+    change = View(c).apply(kinds.NAMESPACE, {"metadata": {"name": "child", "labels": {}, "resourceVersion": rv()}})
     assert "parent" in change.namespaces
     assert usage(c, c.budgets[("parent", "tenant")]) == {}
     assert covering_budgets(c, "child") == []
@@ -194,16 +195,16 @@ def _usage_by_scan(c: Cluster, b: GPUBudget) -> dict[str, int]:
     return dict(used)
 
 
-def _event(op: str, i: int, j: int) -> tuple[str, dict[str, Any], bool]:
+def _event(op: str, i: int, j: int) -> tuple[kinds.Kind, dict[str, Any], bool]:
     """One event as the view's door gets it: kind, body, deleted."""
     if op == "namespace":
         return (
-            "Namespace",
+            kinds.NAMESPACE,
             {"metadata": {"name": f"ns{i % 5}", "labels": {"tier": str(j)}, "resourceVersion": rv()}},
             False,
         )
     if op == "namespace-gone":
-        return "Namespace", {"metadata": {"name": f"ns{i % 5}", "resourceVersion": rv()}}, True
+        return kinds.NAMESPACE, {"metadata": {"name": f"ns{i % 5}", "resourceVersion": rv()}}, True
     home = _NAMESPACES[i % 3 * 2 + 1] if i % 3 < 2 else "ghost"
     if op in ("budget", "stale-budget"):
         selector = _SELECTORS[j]
@@ -212,16 +213,16 @@ def _event(op: str, i: int, j: int) -> tuple[str, dict[str, Any], bool]:
         )
         if op == "stale-budget":
             body["metadata"]["resourceVersion"] = "1"  # older than anything stored: ignored
-        return "GPUBudget", body, False
+        return kinds.GPU_BUDGET, body, False
     if op == "budget-gone":
-        return "GPUBudget", {"metadata": {"name": f"b{i}", "namespace": home, "resourceVersion": rv()}}, True
+        return kinds.GPU_BUDGET, {"metadata": {"name": f"b{i}", "namespace": home, "resourceVersion": rv()}}, True
     namespace = _NAMESPACES[j % 6]
     if op == "use":  # the same device flips between counted and not (§7.2)
         phase, template = [("Bound", False), ("Pending", False), (None, False), (None, True)][(i + j) % 4]
         body = device(f"d{i}", ("a10", "l40")[i % 2], 1 + i, namespace=namespace, phase=phase, template=template,
                       node_name="n1" if phase == "Bound" else None)  # fmt: skip
-        return "GPUDevice", body, False
-    return "GPUDevice", {"metadata": {"name": f"d{i}", "namespace": namespace, "resourceVersion": rv()}}, True
+        return kinds.GPU_DEVICE, body, False
+    return kinds.GPU_DEVICE, {"metadata": {"name": f"d{i}", "namespace": namespace, "resourceVersion": rv()}}, True
 
 
 @settings(max_examples=400, deadline=None)
@@ -235,7 +236,7 @@ def test_budget_coverage_and_use_always_match_a_scan(ops: list[tuple[str, int, i
     before: dict[tuple[str, str], dict[str, int]] = {}
     for op, i, j in ops:
         kind, body, deleted = _event(op, i, j)
-        change = c.apply(kind, body, deleted=deleted)
+        change = View(c).apply(kind, body, deleted=deleted)
         now = {(b.namespace or "", b.name): _usage_by_scan(c, b) for b in c.budgets.values()}
         reached = {(b.namespace or "", b.name) for ns in change.namespaces for b in covering_budgets(c, ns)}
         for key, used in now.items():

@@ -8,6 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cozygpu.api import kinds
+from cozygpu.runtime.view import View
 from cozygpu.state.cluster import KINDS, Cluster
 from tests.builders import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, request
 
@@ -19,8 +21,8 @@ def test_an_older_event_does_not_overwrite_a_newer_write() -> None:
     newer["metadata"]["resourceVersion"] = "20"
     older = device("a")
     older["metadata"]["resourceVersion"] = "10"
-    c.upsert_device(newer)
-    c.upsert_device(older)
+    View(c).apply(kinds.GPU_DEVICE, newer)
+    View(c).apply(kinds.GPU_DEVICE, older)
     stored = c.device("t1", "a")
     assert stored is not None and stored.status.node_name == "n1"
 
@@ -29,7 +31,7 @@ def test_indexes_follow_a_device_that_moves() -> None:
     """devices_on and the namespace index reflect the current node only."""
     c = cluster(devices=[device("a", phase="Bound", node_name="n1")])
     moved = device("a", phase="Bound", node_name="n2")
-    c.upsert_device(moved)
+    View(c).apply(kinds.GPU_DEVICE, moved)
     assert [d.name for d in c.devices_on("n2")] == ["a"]
     assert list(c.devices_on("n1")) == []
     assert [d.name for d in c.devices_in("t1")] == ["a"]
@@ -39,7 +41,7 @@ def test_open_requests_are_indexed_until_answered() -> None:
     """A request id is open while some carrier has no result."""
     c = cluster(devices=[device("a", status=request("r1", "vm", ["a"], EPOCH))])
     assert c.open_request_ids() == ["r1"]
-    c.upsert_device(device("a", status=request("r1", "vm", ["a"], EPOCH, result="Failed")))
+    View(c).apply(kinds.GPU_DEVICE, device("a", status=request("r1", "vm", ["a"], EPOCH, result="Failed")))
     assert c.open_request_ids() == []
 
 
@@ -47,20 +49,20 @@ def test_room_is_named_only_where_units_were_freed_and_serving_where_a_node_star
     """§5.5, §14.3: a Bound device deleted frees room for the classes its node serves; a waiting device
     deleted or a bind frees none; a new node names the classes it serves, a node that serves nothing none."""
     c = cluster(nodes=[node("n1", {A10: 2})], classes=[gpu_class("a10"), gpu_class("l40s", L40S)])
-    assert c.apply("GPUDevice", device("a", phase="Bound", node_name="n1")).room == frozenset()
-    assert c.apply("GPUDevice", device("w", phase="Pending")).room == frozenset()
-    assert c.apply("GPUDevice", device("w", phase="Pending"), deleted=True).room == frozenset()
-    assert c.apply("GPUDevice", device("a", phase="Bound", node_name="n1"), deleted=True).room == {"a10"}
-    added = c.apply("Node", node("n2", {L40S: 4}))
+    assert View(c).apply(kinds.GPU_DEVICE, device("a", phase="Bound", node_name="n1")).room == frozenset()
+    assert View(c).apply(kinds.GPU_DEVICE, device("w", phase="Pending")).room == frozenset()
+    assert View(c).apply(kinds.GPU_DEVICE, device("w", phase="Pending"), deleted=True).room == frozenset()
+    assert View(c).apply(kinds.GPU_DEVICE, device("a", phase="Bound", node_name="n1"), deleted=True).room == {"a10"}
+    added = View(c).apply(kinds.NODE, node("n2", {L40S: 4}))
     assert (added.room, added.served) == (frozenset(), {"l40s"})
-    down = c.apply("Node", node("n3", {A10: 1}, ready=False))
+    down = View(c).apply(kinds.NODE, node("n3", {A10: 1}, ready=False))
     assert (down.room, down.served) == (frozenset(), frozenset())
 
 
 def test_a_change_names_every_node_it_touches() -> None:
     """A move names the old and the new node (for the accountant), and the device's namespace."""
     c = cluster(devices=[device("a", phase="Bound", node_name="n1")])
-    change = c.apply("GPUDevice", device("a", phase="Bound", node_name="n2"))
+    change = View(c).apply(kinds.GPU_DEVICE, device("a", phase="Bound", node_name="n2"))
     assert change.stored and change.nodes == {"n1", "n2"} and change.namespaces == {"t1"}
 
 
@@ -69,30 +71,30 @@ def test_a_change_the_view_ignores_says_so_and_touches_nothing() -> None:
     c = Cluster()
     newer, older = device("a", phase="Bound", node_name="n1"), device("a", phase="Bound", node_name="n2")
     older["metadata"]["resourceVersion"] = "1"
-    c.apply("GPUDevice", newer)
-    change = c.apply("GPUDevice", older)
+    View(c).apply(kinds.GPU_DEVICE, newer)
+    change = View(c).apply(kinds.GPU_DEVICE, older)
     assert not change.stored and not change.nodes and c.device("t1", "a").status.node_name == "n1"
 
 
 def test_a_deletion_is_a_change_of_what_the_object_touched() -> None:
     """A DELETED event names the node the device was Bound on; one for an unknown object changes nothing."""
     c = cluster(devices=[device("a", phase="Bound", node_name="n1")])
-    gone = c.apply("GPUDevice", {"metadata": {"namespace": "t1", "name": "a"}}, deleted=True)
+    gone = View(c).apply(kinds.GPU_DEVICE, {"metadata": {"namespace": "t1", "name": "a"}}, deleted=True)
     assert gone.deleted and gone.stored and gone.nodes == {"n1"}
-    assert not c.apply("GPUDevice", {"metadata": {"namespace": "t1", "name": "a"}}, deleted=True).stored
+    assert not View(c).apply(kinds.GPU_DEVICE, {"metadata": {"namespace": "t1", "name": "a"}}, deleted=True).stored
 
 
 def test_every_watched_kind_has_a_store_in_the_view() -> None:
     """One kind table: each kind kopf watches and the resync lists can be applied to the view."""
     c = Cluster()
     for kind in KINDS:
-        assert c.apply(kind, {"metadata": {"name": "x", "namespace": "t1"}}, deleted=True).kind == kind
+        assert View(c).apply(kind, {"metadata": {"name": "x", "namespace": "t1"}}, deleted=True).kind == kind
 
 
 def test_a_class_change_touches_every_node() -> None:
     """Any node may start or stop serving a changed class: the change says all nodes."""
     c = Cluster()
-    assert c.apply("GPUClass", gpu_class("a10", A10)).all_nodes
+    assert View(c).apply(kinds.GPU_CLASS, gpu_class("a10", A10)).all_nodes
 
 
 def test_namespaces_always_carry_their_name_label() -> None:
@@ -111,8 +113,8 @@ def test_a_write_echo_arriving_after_the_deletion_does_not_bring_a_device_back()
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")])
     echo = device("a", phase="Bound", node_name="n1")
     echo["metadata"]["resourceVersion"] = "30"
-    c.remove_device("t1", "a", resource_version="31")
-    assert c.upsert_device(echo) is None
+    View(c).forget(kinds.GPU_DEVICE, "t1", "a", resource_version="31")
+    assert not View(c).apply(kinds.GPU_DEVICE, echo).stored
     assert c.device("t1", "a") is None
     assert list(c.devices_on("n1")) == []
 
@@ -122,11 +124,11 @@ def test_a_device_created_again_under_the_same_name_is_stored() -> None:
     c = Cluster()
     old = device("a")
     old["metadata"]["resourceVersion"] = "30"
-    c.upsert_device(old)
-    c.remove_device("t1", "a", resource_version="31")
+    View(c).apply(kinds.GPU_DEVICE, old)
+    View(c).forget(kinds.GPU_DEVICE, "t1", "a", resource_version="31")
     again = device("a", phase="Pending")
     again["metadata"]["resourceVersion"] = "40"
-    assert c.upsert_device(again) is not None
+    assert View(c).apply(kinds.GPU_DEVICE, again).stored
     stored = c.device("t1", "a")
     assert stored is not None and stored.status.phase == "Pending"
 
@@ -136,11 +138,11 @@ def test_a_removal_without_a_version_buries_what_was_stored() -> None:
     c = Cluster()
     seen = device("a")
     seen["metadata"]["resourceVersion"] = "50"
-    c.upsert_device(seen)
-    c.remove_device("t1", "a")
+    View(c).apply(kinds.GPU_DEVICE, seen)
+    View(c).forget(kinds.GPU_DEVICE, "t1", "a")
     echo = device("a", phase="Bound", node_name="n1")
     echo["metadata"]["resourceVersion"] = "50"
-    assert c.upsert_device(echo) is None
+    assert not View(c).apply(kinds.GPU_DEVICE, echo).stored
 
 
 def test_classes_budgets_and_gpunodes_are_not_revived_by_late_echoes() -> None:
@@ -148,17 +150,17 @@ def test_classes_budgets_and_gpunodes_are_not_revived_by_late_echoes() -> None:
     c = Cluster()
     cls = gpu_class("a10")
     cls["metadata"]["resourceVersion"] = "7"
-    c.remove_class("a10", resource_version="8")
-    c.upsert_class(cls)
+    View(c).forget(kinds.GPU_CLASS, "", "a10", resource_version="8")
+    View(c).apply(kinds.GPU_CLASS, cls)
     assert "a10" not in c.classes
     b = budget("cap")
     b["metadata"]["resourceVersion"] = "7"
-    c.remove_budget("t1", "cap", resource_version="8")
-    c.upsert_budget(b)
+    View(c).forget(kinds.GPU_BUDGET, "t1", "cap", resource_version="8")
+    View(c).apply(kinds.GPU_BUDGET, b)
     assert ("t1", "cap") not in c.budgets
     gn = {"metadata": {"name": "n1", "resourceVersion": "7"}}
-    c.remove_gpunode("n1", resource_version="8")
-    c.upsert_gpunode(gn)
+    View(c).forget(kinds.GPU_NODE, "", "n1", resource_version="8")
+    View(c).apply(kinds.GPU_NODE, gn)
     assert "n1" not in c.gpunodes
 
 
@@ -166,23 +168,23 @@ def test_tombstones_are_bounded() -> None:
     """Only recent removals are remembered: echoes arrive within moments, memory stays flat."""
     c = Cluster(tombstones=3)
     for i in range(5):
-        c.remove_device("t1", f"d{i}", resource_version=str(100 + i))
+        View(c).forget(kinds.GPU_DEVICE, "t1", f"d{i}", resource_version=str(100 + i))
     late = device("d0")
     late["metadata"]["resourceVersion"] = "1"
-    assert c.upsert_device(late) is not None  # forgotten: the oldest removal fell out
+    assert View(c).apply(kinds.GPU_DEVICE, late).stored  # forgotten: the oldest removal fell out
     buried = device("d4")
     buried["metadata"]["resourceVersion"] = "1"
-    assert c.upsert_device(buried) is None
+    assert not View(c).apply(kinds.GPU_DEVICE, buried).stored
 
 
 def test_vmis_are_known_by_uid_and_a_new_one_of_the_name_replaces_the_old() -> None:
     """§6.2: the uid index answers 'does this VMI exist' without a scan; a re-created name drops the old uid."""
     c = Cluster()
-    c.upsert_vmi({"metadata": {"namespace": "t1", "name": "vm", "uid": "u1"}})
+    View(c).apply(kinds.VMI, {"metadata": {"namespace": "t1", "name": "vm", "uid": "u1"}})
     assert c.vmi_exists("u1")
-    c.upsert_vmi({"metadata": {"namespace": "t1", "name": "vm", "uid": "u2"}})
+    View(c).apply(kinds.VMI, {"metadata": {"namespace": "t1", "name": "vm", "uid": "u2"}})
     assert (c.vmi_exists("u1"), c.vmi_exists("u2")) == (False, True)
-    c.remove_vmi("t1", "vm")
+    View(c).forget(kinds.VMI, "t1", "vm")
     assert not c.vmi_exists("u2")
     assert not c.vmi_exists("")
 
@@ -213,17 +215,17 @@ def test_held_units_and_nodes_by_resource_always_match_a_recount(ops: list[tuple
         elif op == "unbind":
             body = device(name, cls, 1 + i % 3, phase="Pending")
         elif op == "delete":
-            c.remove_device("t1", name, resource_version=str(next(versions)))
+            View(c).forget(kinds.GPU_DEVICE, "t1", name, resource_version=str(next(versions)))
         elif op == "node-gone":
-            c.remove_node(f"n{i % 3}", resource_version=str(next(versions)))
+            View(c).forget(kinds.NODE, "", f"n{i % 3}", resource_version=str(next(versions)))
         else:
             gpus = {A10: j} if i % 2 else {A10: j, L40S: 1}
             raw = node(f"n{i % 3}", gpus)
             raw["metadata"]["resourceVersion"] = str(next(versions))
-            c.upsert_node(raw)
+            View(c).apply(kinds.NODE, raw)
         if body is not None:
             body["metadata"]["resourceVersion"] = str(next(versions))
-            c.upsert_device(body)
+            View(c).apply(kinds.GPU_DEVICE, body)
     recount: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for d in c.devices.values():
         if d.holds_gpus and d.status.node_name:
@@ -250,19 +252,19 @@ def test_a_resync_finds_what_a_list_lacks_at_an_older_version_only() -> None:
     for name, rv in (("gone", "10"), ("kept", "11"), ("late", "30")):
         d = device(name)
         d["metadata"]["resourceVersion"] = rv
-        c.upsert_device(d)
-    assert c.missing("GPUDevice", {("t1", "kept")}, "20") == [("t1", "gone")]
-    c.upsert_vmi(_vmi("vm", "u1", "5"))
-    assert c.missing("VirtualMachineInstance", set(), "20") == [("t1", "vm")]
-    c.upsert_node(node("n1", {A10: 1}))
-    assert c.missing("Node", set(), "0") == []
+        View(c).apply(kinds.GPU_DEVICE, d)
+    assert c.missing(kinds.GPU_DEVICE, {("t1", "kept")}, "20") == [("t1", "gone")]
+    View(c).apply(kinds.VMI, _vmi("vm", "u1", "5"))
+    assert c.missing(kinds.VMI, set(), "20") == [("t1", "vm")]
+    View(c).apply(kinds.NODE, node("n1", {A10: 1}))
+    assert c.missing(kinds.NODE, set(), "0") == []
 
 
 def test_an_older_vmi_event_or_list_never_replaces_a_newer_vmi() -> None:
     """A list taken before a VMI was re-created must not put the old uid back (§6.2: the uid is the VMI)."""
     c = Cluster()
-    c.upsert_vmi(_vmi("vm", "new-uid", "50"))
-    c.upsert_vmi(_vmi("vm", "old-uid", "40"))
+    View(c).apply(kinds.VMI, _vmi("vm", "new-uid", "50"))
+    View(c).apply(kinds.VMI, _vmi("vm", "old-uid", "40"))
     assert c.vmis[("t1", "vm")] == "new-uid"
     assert not c.vmi_exists("old-uid")
 
@@ -270,14 +272,14 @@ def test_an_older_vmi_event_or_list_never_replaces_a_newer_vmi() -> None:
 def test_a_removed_vmi_or_node_is_not_brought_back_by_a_list_taken_before() -> None:
     """The DELETED event came first; the older list that still shows the object must not revive it."""
     c = Cluster()
-    c.upsert_vmi(_vmi("vm", "u1", "5"))
-    c.remove_vmi("t1", "vm", resource_version="9")
-    c.upsert_vmi(_vmi("vm", "u1", "5"))
+    View(c).apply(kinds.VMI, _vmi("vm", "u1", "5"))
+    View(c).forget(kinds.VMI, "t1", "vm", resource_version="9")
+    View(c).apply(kinds.VMI, _vmi("vm", "u1", "5"))
     assert ("t1", "vm") not in c.vmis
     old = node("n1", {A10: 1})
     old["metadata"]["resourceVersion"] = "5"
-    c.remove_node("n1", resource_version="9")
-    assert c.upsert_node(old) is None
+    View(c).forget(kinds.NODE, "", "n1", resource_version="9")
+    assert not View(c).apply(kinds.NODE, old).stored
     assert "n1" not in c.nodes
 
 
@@ -286,9 +288,9 @@ def test_a_resync_can_tell_what_the_view_holds_at_that_very_version() -> None:
     c = cluster(nodes=[node("n1", {A10: 1})], devices=[device("a")])
     stored = c.device("t1", "a")
     assert stored is not None
-    assert c.holds("GPUDevice", ("t1", "a"), stored.metadata.resource_version)
-    assert not c.holds("GPUDevice", ("t1", "a"), "999999")
-    assert not c.holds("GPUDevice", ("t1", "b"), stored.metadata.resource_version)
-    assert c.holds("Node", "n1", c.nodes["n1"].resource_version)
-    c.upsert_namespace({"metadata": {"name": "t1", "resourceVersion": "7"}})
-    assert c.holds("Namespace", "t1", "7") and not c.holds("Namespace", "t1", "8")
+    assert c.holds(kinds.GPU_DEVICE, ("t1", "a"), stored.metadata.resource_version)
+    assert not c.holds(kinds.GPU_DEVICE, ("t1", "a"), "999999")
+    assert not c.holds(kinds.GPU_DEVICE, ("t1", "b"), stored.metadata.resource_version)
+    assert c.holds(kinds.NODE, "n1", c.nodes["n1"].resource_version)
+    View(c).apply(kinds.NAMESPACE, {"metadata": {"name": "t1", "resourceVersion": "7"}})
+    assert c.holds(kinds.NAMESPACE, "t1", "7") and not c.holds(kinds.NAMESPACE, "t1", "8")

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from cozygpu.api import GPUDevice, pods
+from cozygpu.api import GPUDevice, kinds, pods
 from cozygpu.api.names import ANNOTATION_DEVICES
 from cozygpu.decisions import launchers
 from cozygpu.decisions.pinning import is_pinned, pinned_spec
+from cozygpu.runtime.view import View
 from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class
 
 CONTROLLER = "system:serviceaccount:kubevirt:kubevirt-controller"
@@ -62,7 +63,7 @@ def judge(
     view = cluster(classes=[gpu_class("a10", A10), gpu_class("l40s", L40S, mode="vgpu")],
                    devices=[d.wire() for d in devices])  # fmt: skip
     for vmi in vmis:
-        view.upsert_vmi(vmi)
+        View(view).apply(kinds.VMI, vmi)
     owner = pods.owner_vmi(pod)
     the_set = view.set_of("t1", *owner) if owner else []
     return launchers.judge(pod, user, CONTROLLER, the_set, CLASSES)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from cozygpu.api import GPUClass, GPUDevice
+from cozygpu.api import GPUClass, GPUDevice, kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, FINALIZER_IN_USE
 from cozygpu.decisions.lifecycle import Action, Do, class_action, device_actions, due
+from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 from tests.builders import EPOCH, cluster, device, gpu_class, pod
 
@@ -29,7 +30,9 @@ def with_vmi(uid: str | None, names: str = '[{"deviceTemplate": {"className": "a
     c = cluster()
     if uid:
         annotations = {ANNOTATION_DEVICES: names}
-        c.upsert_vmi({"metadata": {"name": "vm", "namespace": "t1", "uid": uid, "annotations": annotations}})
+        View(c).apply(
+            kinds.VMI, {"metadata": {"name": "vm", "namespace": "t1", "uid": uid, "annotations": annotations}}
+        )
     return c
 
 
@@ -83,10 +86,10 @@ def test_a_set_stays_while_its_guest_still_runs_in_a_launcher_pod() -> None:
     held["metadata"]["finalizers"] = [FINALIZER_IN_USE]
     template = attached(uid="u1", template=True)
     c = with_vmi(None)
-    c.apply("Pod", launcher("u1"))
+    View(c).apply(kinds.POD, launcher("u1"))
     assert dos(device_actions(c, GPUDevice.from_wire(held), SOON, GRACE)) == []
     assert dos(device_actions(c, GPUDevice.from_wire(template), SOON, GRACE)) == [Do.ADD_FINALIZER]
-    ended = c.apply("Pod", launcher("u1", phase="Succeeded"))
+    ended = View(c).apply(kinds.POD, launcher("u1", phase="Succeeded"))
     assert ended.guests_gone == {("t1", "vm")}
     assert dos(device_actions(c, GPUDevice.from_wire(held), SOON, GRACE)) == [Do.DETACH, Do.REMOVE_FINALIZER]
     assert dos(device_actions(c, GPUDevice.from_wire(template), SOON, GRACE)) == [Do.DELETE]
@@ -95,7 +98,7 @@ def test_a_set_stays_while_its_guest_still_runs_in_a_launcher_pod() -> None:
 def test_another_vmis_launcher_keeps_nothing() -> None:
     """§6.7 by uid: a launcher of another VMI of the name (a restart's new one) is not the gone VMI's guest."""
     c = with_vmi("u2")
-    c.apply("Pod", launcher("u2"))
+    View(c).apply(kinds.POD, launcher("u2"))
     assert Do.DETACH in dos(device_actions(c, GPUDevice.from_wire(attached(uid="u1")), SOON, GRACE))
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from cozygpu.api import kinds
 from cozygpu.runtime.metrics import Metrics
+from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 from tests.builders import A10, EPOCH, budget, cluster, device, gpu_class, node, request
 
@@ -31,14 +33,14 @@ def view() -> Cluster:
             device("asked", status=request("r1", "vm", ["asked"], EPOCH)),
         ],
     )
-    c.upsert_gpunode({
+    View(c).apply(kinds.GPU_NODE, {
         "metadata": {"name": "n1", "resourceVersion": "1"},
         "status": {"resources": [{"name": A10, "allocatable": 4, "held": 2, "free": 2}],
                    "conditions": [{"type": "LostCapacity", "status": "False"}]},
     })  # fmt: skip
     held = budget("cap", limits={"a10": 3}, total=5)
     held["status"] = {"used": {"a10": 4}, "usedTotal": 4, "conditions": [{"type": "OverBudget", "status": "True"}]}
-    c.upsert_budget(held)
+    View(c).apply(kinds.GPU_BUDGET, held)
     return c
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from cozygpu.api import ConditionStatus, GPUNodeStatus, NodeResource, UnmanagedPod
+from cozygpu.api import ConditionStatus, GPUNodeStatus, NodeResource, UnmanagedPod, kinds
 from cozygpu.api.gpunode import MAX_UNMANAGED_PODS
 from cozygpu.decisions.nodestatus import gpunode_status
+from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class, node, pod
 
@@ -104,7 +105,7 @@ def set_of(vmi: str, count: int, node: str = "n1", phase: str = "Bound") -> dict
 
 def with_pods(c: Cluster, *bodies: dict[str, Any]) -> Cluster:
     for body in bodies:
-        c.apply("Pod", body)
+        View(c).apply(kinds.POD, body)
     return c
 
 

@@ -8,9 +8,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cozygpu.api import GPUDevice
+from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions.capacity import held
 from cozygpu.decisions.placement import NoPlacement, Placement, place, place_scanning
+from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 from tests.builders import A10, L40S, cluster, device, gpu_class, node, pod
 
@@ -230,7 +231,7 @@ def test_best_fit_places_a_new_set_where_looking_at_every_node_would(
     c = cluster(nodes=nodes, classes=[gpu_class("a10", nodeSelector={"zone": "x"})], devices=bound)
     for j, (_, _, freed) in enumerate(held_devices):
         if freed:
-            c.remove_device("t1", f"h{j}")
+            View(c).forget(kinds.GPU_DEVICE, "t1", f"h{j}")
     new = GPUDevice.from_wire(device("new", count=units))
     assert place(c, [new]) == place_scanning(c, [new])
     for name, info in c.nodes.items():
@@ -243,12 +244,12 @@ def test_units_a_pod_behind_the_operators_back_holds_are_not_free() -> None:
     """§12: a unit an unmanaged pod holds is taken; the set goes where room really is, and the room the pod
     leaves when it goes counts again (and is news for waiting devices)."""
     c = cluster(nodes=[node("n1", {A10: 2}), node("n2", {A10: 4})], classes=[gpu_class("a10")])
-    c.apply("Pod", pod("old-job", {A10: 3}, node="n2"))
+    View(c).apply(kinds.POD, pod("old-job", {A10: 3}, node="n2"))
     wanted = [GPUDevice.from_wire(device("d", count=2))]
     assert place(c, wanted) == place_scanning(c, wanted)
     assert isinstance(outcome := place(c, wanted), Placement) and outcome.node == "n1"
-    left = c.apply("Pod", pod("old-job", {A10: 3}, node="n2", phase="Succeeded"))
+    left = View(c).apply(kinds.POD, pod("old-job", {A10: 3}, node="n2", phase="Succeeded"))
     assert c.taken_units("n2") == {}
     assert left.room == {"a10"}
-    c.apply("Pod", pod("other-job", {A10: 2}, node="n1"))
+    View(c).apply(kinds.POD, pod("other-job", {A10: 2}, node="n1"))
     assert isinstance(outcome := place(c, wanted), Placement) and outcome.node == "n2"

@@ -8,8 +8,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from cozygpu.api import kinds
 from cozygpu.api import pods as api_pods
 from cozygpu.api.names import ANNOTATION_DEVICES
+from cozygpu.runtime.view import View
 from cozygpu.state.pods import PodUsage, PodUse
 from tests.builders import A10, L40S, cluster, device, gpu_class, node, pod
 
@@ -172,16 +174,16 @@ def test_unmanaged_units_always_match_a_recount(ops: list[tuple[str, int, int]])
     for op, i, j in ops:
         v = next(versions)
         if op == "pod":
-            c.apply("Pod", pod(f"p{i}", {A10: 1 + j}, node=f"n{j}", version=v))
+            View(c).apply(kinds.POD, pod(f"p{i}", {A10: 1 + j}, node=f"n{j}", version=v))
         elif op == "launcher":  # of VMI object u0 or u1 of the name
-            c.apply("Pod", pod(f"virt-launcher-vm{i}-{j % 2}", {A10: 1 + j}, node=f"n{j}", vmi=f"vm{i}",
+            View(c).apply(kinds.POD, pod(f"virt-launcher-vm{i}-{j % 2}", {A10: 1 + j}, node=f"n{j}", vmi=f"vm{i}",
                                vmi_uid=f"u{j % 2}", version=v))  # fmt: skip
         elif op == "vmi":  # VMI object u0 or u1 of the name, naming its template device or not
             names = '[{"deviceTemplate": {"className": "a10", "count": 1}}]' if j else '[{"device": "x"}]'
-            c.apply("VirtualMachineInstance", {"metadata": {"namespace": "t1", "name": f"vm{i}", "uid": f"u{j % 2}",
+            View(c).apply(kinds.VMI, {"metadata": {"namespace": "t1", "name": f"vm{i}", "uid": f"u{j % 2}",
                     "resourceVersion": str(v), "annotations": {ANNOTATION_DEVICES: names}}})  # fmt: skip
         elif op == "novmi":
-            c.apply("VirtualMachineInstance", {"metadata": {"namespace": "t1", "name": f"vm{i}",
+            View(c).apply(kinds.VMI, {"metadata": {"namespace": "t1", "name": f"vm{i}",
                     "resourceVersion": str(v)}}, deleted=True)  # fmt: skip
         elif op == "record":  # the collector records a uid on the device, or not yet
             d = c.device("t1", f"vm{i}-gpu-0")
@@ -189,25 +191,25 @@ def test_unmanaged_units_always_match_a_recount(ops: list[tuple[str, int, int]])
                 body = d.wire()
                 body["status"]["attachedTo"] = {"vmi": f"vm{i}", **({"uid": f"u{j % 2}"} if j < 2 else {})}
                 body["metadata"]["resourceVersion"] = str(v)
-                c.apply("GPUDevice", body)
+                View(c).apply(kinds.GPU_DEVICE, body)
         elif op == "end":
-            c.apply("Pod", pod(f"p{i}", node=f"n{j}", phase="Succeeded", version=v))
+            View(c).apply(kinds.POD, pod(f"p{i}", node=f"n{j}", phase="Succeeded", version=v))
         elif op == "bind":
             body = device(f"vm{i}-gpu-0", count=1 + j % 2, phase="Bound", node_name=f"n{j}",
                           status={"attachedTo": {"vmi": f"vm{i}"}})  # fmt: skip
             body["metadata"]["resourceVersion"] = str(v)
-            c.apply("GPUDevice", body)
+            View(c).apply(kinds.GPU_DEVICE, body)
         elif op == "unbind":
-            c.apply("GPUDevice", {"metadata": {"namespace": "t1", "name": f"vm{i}-gpu-0", "resourceVersion": str(v)}},
-                    deleted=True)  # fmt: skip
+            gone = {"metadata": {"namespace": "t1", "name": f"vm{i}-gpu-0", "resourceVersion": str(v)}}
+            View(c).apply(kinds.GPU_DEVICE, gone, deleted=True)
         else:
             cls = gpu_class("a10", A10 if j else L40S)
             cls["metadata"]["resourceVersion"] = str(v)
-            c.apply("GPUClass", cls)
+            View(c).apply(kinds.GPU_CLASS, cls)
     for k in range(3):
         name = f"n{k}"
         recount: dict[str, int] = {}
-        for p in c.pods.on(name):
+        for p in c.pods_on(name):
             own: dict[str, int] = {}
             live = c.vmis.get((p.namespace, p.vmi or ""))
             for d in c.attached_to(p.namespace, p.vmi) if p.vmi else ():

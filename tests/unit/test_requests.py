@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime as dt
 
+from cozygpu.api import kinds
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.decisions.requests import Answer, Wait, assess
+from cozygpu.runtime.view import View
 from tests.builders import A10, EPOCH, budget, cluster, device, gpu_class, node, request
 
 NOW = EPOCH + dt.timedelta(seconds=5)
@@ -116,6 +118,6 @@ def test_where_budgets_are_required_a_namespace_without_one_gets_no_new_units() 
     )
     placed = assess(c, "r1", NOW, LATE)
     assert isinstance(placed, Answer) and isinstance(placed.outcome, Placement)
-    c.upsert_budget(budget("cap", "t1", total=4))
+    View(c).apply(kinds.GPU_BUDGET, budget("cap", "t1", total=4))
     covered = assess(c, "r1", NOW, LATE, budgets_required=True)
     assert isinstance(covered, Answer) and isinstance(covered.outcome, Placement)

@@ -7,8 +7,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cozygpu.api import ConditionStatus, GPUBudget, GPUClass
+from cozygpu.api import ConditionStatus, GPUBudget, GPUClass, kinds
 from cozygpu.decisions.usestatus import ClassTotals, budget_status, class_status
+from cozygpu.runtime.view import View
 from tests.builders import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, pod
 
 
@@ -79,23 +80,27 @@ def test_class_and_budget_figures_from_counters_equal_a_recount(ops: list[tuple[
     for op, i, j in ops:
         cls = ("a10", "l40")[i % 2]
         if op == "bind":
-            change = c.apply("GPUDevice", rv(device(f"d{i}", cls, 1 + j % 2, phase="Bound", node_name=f"n{j}",
-                                                    namespace=f"t{j % 2}")))  # fmt: skip
+            bound = device(f"d{i}", cls, 1 + j % 2, phase="Bound", node_name=f"n{j}", namespace=f"t{j % 2}")
+            change = View(c).apply(kinds.GPU_DEVICE, rv(bound))
         elif op == "pending":
-            change = c.apply("GPUDevice", rv(device(f"d{i}", cls, 1, phase="Pending", namespace=f"t{j % 2}")))
+            change = View(c).apply(
+                kinds.GPU_DEVICE, rv(device(f"d{i}", cls, 1, phase="Pending", namespace=f"t{j % 2}"))
+            )
         elif op == "template":
-            change = c.apply("GPUDevice", rv(device(f"d{i}", cls, 1, template=True, namespace=f"t{j % 2}")))
+            change = View(c).apply(kinds.GPU_DEVICE, rv(device(f"d{i}", cls, 1, template=True, namespace=f"t{j % 2}")))
         elif op == "delete":
-            change = c.apply("GPUDevice", {"metadata": {"namespace": f"t{j % 2}", "name": f"d{i}"}}, deleted=True)
+            change = View(c).apply(
+                kinds.GPU_DEVICE, {"metadata": {"namespace": f"t{j % 2}", "name": f"d{i}"}}, deleted=True
+            )
         elif op == "node":
             labels = {"gpu": "l40"} if i % 2 else {}
-            change = c.apply("Node", rv(node(f"n{i % 4}", {A10: 2 + j, L40S: j}, labels=labels)))
+            change = View(c).apply(kinds.NODE, rv(node(f"n{i % 4}", {A10: 2 + j, L40S: j}, labels=labels)))
         elif op == "node-gone":
-            change = c.apply("Node", {"metadata": {"name": f"n{i % 4}"}}, deleted=True)
+            change = View(c).apply(kinds.NODE, {"metadata": {"name": f"n{i % 4}"}}, deleted=True)
         elif op == "class":
-            change = c.apply("GPUClass", rv(gpu_class("a10", A10 if j % 2 else L40S)))
+            change = View(c).apply(kinds.GPU_CLASS, rv(gpu_class("a10", A10 if j % 2 else L40S)))
         else:
-            change = c.apply("Pod", pod(f"p{i}", {A10: 1}, node=f"n{j}", version=next(versions)))
+            change = View(c).apply(kinds.POD, pod(f"p{i}", {A10: 1}, node=f"n{j}", version=next(versions)))
         for name in (set(c.nodes) | set(change.nodes)) if change.all_nodes else change.nodes:
             totals.node_changed(c, name)
     for cls in c.classes.values():

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from cozygpu.api import GPUDevice
+from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions.waiting import in_turn, lost, overtakes
+from cozygpu.runtime.view import View
 from tests.builders import A10, EPOCH, cluster, device, gpu_class, node, request
 
 
@@ -69,9 +70,9 @@ def test_devices_bound_to_a_node_that_is_gone_are_lost_and_no_others() -> None:
         ],
     )
     assert list(lost(c)) == []
-    c.remove_node("n2")
+    View(c).forget(kinds.NODE, "", "n2")
     assert [(d.name, n) for d, n in lost(c)] == [("on-n2", "n2")]
-    c.upsert_node(node("n2", {A10: 2}))
+    View(c).apply(kinds.NODE, node("n2", {A10: 2}))
     assert list(lost(c)) == []
 
 
@@ -84,7 +85,7 @@ def test_room_that_appears_mid_pass_goes_to_the_oldest_device_that_fits() -> Non
     old, young = c.device("t1", "old"), c.device("t1", "young")
     assert old is not None and young is not None
     assert not overtakes(c, young) and not overtakes(c, old)  # nothing fits: nothing to give first
-    c.remove_device("t1", "h0")
+    View(c).forget(kinds.GPU_DEVICE, "t1", "h0")
     assert not overtakes(c, young)  # one unit: the older one does not fit it
-    c.remove_device("t1", "h1")
+    View(c).forget(kinds.GPU_DEVICE, "t1", "h1")
     assert overtakes(c, young) and not overtakes(c, old)

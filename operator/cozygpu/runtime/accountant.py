@@ -49,7 +49,7 @@ class Accountant:
     def changed(self, change: Change) -> None:
         if change.all_nodes:
             self._nodes |= set(self._cluster.nodes)
-        if change.kind == "GPUClass":
+        if change.kind is kinds.GPU_CLASS:
             self._classes.add(change.name)
         self._nodes |= change.nodes
         self._namespaces |= change.namespaces

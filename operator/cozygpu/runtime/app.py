@@ -149,10 +149,10 @@ class Operator:
         self._client_ca: bytes | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # Who hears of which changes: each worker keeps its own queue from them.
-        self.view.subscribe(self._device_seen, "GPUDevice")
-        self.view.subscribe(self.collector.changed, "GPUDevice", "VirtualMachineInstance", "GPUClass", "Pod")
+        self.view.subscribe(self._device_seen, kinds.GPU_DEVICE)
+        self.view.subscribe(self.collector.changed, kinds.GPU_DEVICE, kinds.VMI, kinds.GPU_CLASS, kinds.POD)
         self.view.subscribe(self.accountant.changed)
-        self.view.subscribe(self.guard.changed, "GPUClass")
+        self.view.subscribe(self.guard.changed, kinds.GPU_CLASS)
         self.view.subscribe(self._wake)
 
     # -- readiness ---------------------------------------------------------

@@ -86,7 +86,7 @@ class Binder:
     def changed(self, change: Change) -> None:
         """A change in the view: a device may be new in the waiting room or carry a request, a class may have
         gained room or serving nodes; only what it names is decided again."""
-        if change.kind == "GPUDevice" and not change.deleted:
+        if change.kind is kinds.GPU_DEVICE and not change.deleted:
             key = (change.namespace, change.name)
             self._fresh.add(key)
             device = self._cluster.device(*key)
@@ -182,7 +182,7 @@ class Binder:
             else transitions.refused(d, request.id, outcome.message)
             for d in answer.devices
         ]
-        assumptions = [self._cluster.assume_device(new) for new in news]
+        assumptions = [self._writer.assume(new) for new in news]
         tokens = [a.token for a in assumptions]
         for assumption in assumptions:
             self._room |= assumption.room  # a gather left room on the nodes it moved devices off
@@ -330,7 +330,7 @@ class Binder:
             self._metrics.decisions.labels("Bound" if isinstance(outcome, Placement) else "Pending").inc()
         if isinstance(outcome, Placement):
             bound = transitions.bound(current, outcome.node, self._clock())
-            assumption = self._cluster.assume_device(bound)
+            assumption = self._writer.assume(bound)
             self._room |= assumption.room
             self._spawn(self._bind(current, bound, outcome.node, assumption.token))
             return True
@@ -372,6 +372,6 @@ class Binder:
 
     async def _write(self, device: GPUDevice, *, token: int | None = None) -> bool:
         """Replace the device's status under its resourceVersion; False when someone wrote first (the view
-        holds their version then). `token`: the view already counts this write (`Cluster.assume_device`)."""
+        holds their version then). `token`: the view already counts this write (`Writer.assume`)."""
         outcome = await self._writer.replace_status(kinds.GPU_DEVICE, device.wire(), assumption=token)
         return outcome.written

@@ -58,13 +58,13 @@ class Collector:
     def changed(self, change: Change) -> None:
         """A change of a device, a VMI, a class or a launcher pod: what it touches is looked at on the next pass."""
         match change.kind:
-            case "GPUDevice":
+            case kinds.GPU_DEVICE:
                 self.touch_device(change.namespace, change.name)
-            case "VirtualMachineInstance":
+            case kinds.VMI:
                 self.touch_vmi(change.namespace, change.name)
-            case "GPUClass":
+            case kinds.GPU_CLASS:
                 self.touch_class(change.name)
-            case "Pod":
+            case kinds.POD:
                 for namespace, vmi in change.guests_gone:  # §6.7: a set held for its guest may go now
                     self.touch_vmi(namespace, vmi)
 

@@ -84,9 +84,9 @@ class Informer:
 
     def _take(self, body: dict[str, Any], *, deleted: bool = False) -> None:
         unwanted = self._wanted is not None and not deleted and not self._wanted(body)
-        if unwanted and not self._view.cluster.knows(self.kind.kind, key_of(self.kind, body)):
+        if unwanted and not self._view.cluster.knows(self.kind, key_of(self.kind, body)):
             return
-        self._view.apply(self.kind.kind, body, deleted=deleted)
+        self._view.apply(self.kind, body, deleted=deleted)
 
     async def list(self, *, resume: bool = True) -> tuple[int, int]:
         """List and make the view agree; returns (forgotten, unchanged). With `resume`, the watch continues
@@ -103,7 +103,7 @@ class Informer:
             for item in items:
                 key = key_of(self.kind, item)
                 listed.add(key)
-                if cluster.holds(self.kind.kind, key, _version(item)):
+                if cluster.holds(self.kind, key, _version(item)):
                     unchanged += 1  # what the view has at this very version needs no second reading
                     continue
                 self._take(item)
@@ -111,11 +111,11 @@ class Informer:
             if not after:
                 break
         forgotten = 0
-        for key in cluster.missing(self.kind.kind, listed, version):
+        for key in cluster.missing(self.kind, listed, version):
             if self._in_scope is not None and not self._in_scope(key):
                 continue
             namespace, name = key if isinstance(key, tuple) else ("", key)
-            self._view.forget(self.kind.kind, namespace, name, version)
+            self._view.forget(self.kind, namespace, name, version)
             log.info("view.forgot", kind=self.kind.kind, namespace=namespace or None, name=name)
             forgotten += 1
         if resume:

@@ -60,10 +60,10 @@ class PodWatch:
         self._writer = writer
         self._scan_interval = scan_interval
         self._recheck_interval = recheck_interval
-        pods = view.cluster.pods
+        cluster = view.cluster
 
         def launcher(key: Any) -> bool:
-            held = pods.get(*key)
+            held = cluster.pod(*key)
             return held is not None and held.vmi is not None
 
         self._launchers = Informer(
@@ -89,7 +89,7 @@ class PodWatch:
 
     async def _scan(self) -> None:
         forgotten, _ = await self._everything.list(resume=False)
-        log.info("pods.scanned", holding=len(self._view.cluster.pods), forgotten=forgotten)
+        log.info("pods.scanned", holding=self._view.cluster.pods_holding(), forgotten=forgotten)
 
     async def _scan_every(self) -> None:
         while True:
@@ -103,11 +103,11 @@ class PodWatch:
 
     async def _recheck_every(self) -> None:
         """Read again, one by one, the pods the scan found that no watch follows (few: the old bypass)."""
-        pods = self._view.cluster.pods
+        cluster = self._view.cluster
         while True:
             await asyncio.sleep(self._recheck_interval)
-            for namespace, name in list(pods.keys()):
-                held = pods.get(namespace, name)
+            for namespace, name in list(cluster.pod_keys()):
+                held = cluster.pod(namespace, name)
                 if held is None or held.vmi is not None:
                     continue
                 try:

@@ -1,10 +1,12 @@
 """The one door into the cluster view: everything that changes it comes through here.
 
-Watch events and lists (runtime.informer, for the resync too) and the responses of
-our own writes (runtime.writes) all go through `View.apply`, which
-stores them in the `Cluster` and hands the resulting `Change` to every worker that
-subscribed to its kind. Workers keep their own queues from those changes; nothing in
-the view is another worker's to-do list.
+Watch events and lists (runtime.informer, runtime.podwatch, the resync too), the responses
+of our own writes and fresh reads (runtime.writes), and the binder's decisions in flight
+(`assume`, `settle`, through the writer) all go through `View`, the only caller of the
+`Cluster`'s private mutators (tests/unit/test_layout.py holds every other module to its
+read-only surface). A stored change goes to every worker that subscribed to its kind;
+workers keep their own queues from those changes, and nothing in the view is another
+worker's to-do list.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cozygpu.state.cluster import KINDS, Change, Cluster
+from cozygpu.api import GPUDevice
+from cozygpu.api.kinds import Kind
+from cozygpu.state.cluster import KINDS, Assumption, Change, Cluster
 
 Subscriber = Callable[[Change], None]
 
@@ -20,21 +24,30 @@ Subscriber = Callable[[Change], None]
 class View:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
-        self._subscribers: dict[str, list[Subscriber]] = {kind: [] for kind in KINDS}
+        self._subscribers: dict[Kind, list[Subscriber]] = {kind: [] for kind in KINDS}
 
-    def subscribe(self, subscriber: Subscriber, *kinds: str) -> None:
+    def subscribe(self, subscriber: Subscriber, *kinds: Kind) -> None:
         """Call `subscriber` with every change of these kinds that the view stored (every kind if none)."""
         for kind in kinds or KINDS:
             self._subscribers[kind].append(subscriber)
 
-    def apply(self, kind: str, body: dict[str, Any], *, deleted: bool = False) -> Change:
-        change = self.cluster.apply(kind, body, deleted=deleted)
+    def apply(self, kind: Kind, body: dict[str, Any], *, deleted: bool = False) -> Change:
+        change = self.cluster._apply(kind, body, deleted=deleted)
         if change.stored:
             for subscriber in self._subscribers[kind]:
                 subscriber(change)
         return change
 
-    def forget(self, kind: str, namespace: str, name: str, resource_version: str | None = None) -> Change:
+    def forget(self, kind: Kind, namespace: str, name: str, resource_version: str | None = None) -> Change:
         """The API says the object is gone (a NotFound, a list that lacks it)."""
         meta = {"namespace": namespace, "name": name, "resourceVersion": resource_version}
         return self.apply(kind, {"metadata": meta}, deleted=True)
+
+    def assume(self, device: GPUDevice) -> Assumption:
+        """Count the binder's decision before its write returns (§13.1); the write's answer, or a fresh read, is
+        what the workers hear of it (through `apply`), after `settle`."""
+        return self.cluster._assume(device)
+
+    def settle(self, namespace: str, name: str, token: int) -> bool:
+        """The write of assumption `token` is done or failed: the API's answer counts from now on."""
+        return self.cluster._settle(namespace, name, token)

@@ -18,9 +18,10 @@ from typing import Any
 
 import structlog
 
-from cozygpu.api import kinds
+from cozygpu.api import GPUDevice, kinds
 from cozygpu.kube.adapter import AlreadyExists, AsyncKube, Conflict, NotFound
 from cozygpu.runtime.view import View
+from cozygpu.state.cluster import Assumption
 
 log = structlog.get_logger("cozygpu.writes")
 
@@ -55,13 +56,17 @@ class Writer:
         # Assumed devices whose write had an unknown outcome and whose fresh read failed too.
         self._doubtful: dict[tuple[str, str], int] = {}
 
+    def assume(self, device: GPUDevice) -> Assumption:
+        """Count the binder's decision in the view before its write (§13.1); the write carries the token."""
+        return self._view.assume(device)
+
     @property
     def doubtful(self) -> bool:
         return bool(self._doubtful)
 
     async def replace_status(self, kind: kinds.Kind, body: Body, *, assumption: int | None = None) -> Outcome:
         """Write the status subresource; `assumption`: the token of the binder's decision this write carries
-        (`Cluster.assume_device`), settled by the API's answer or a fresh read, whatever the outcome."""
+        (`assume`), settled by the API's answer or a fresh read, whatever the outcome."""
         return await self._write(self._kube.replace_status, kind, body, assumption)
 
     async def replace(self, kind: kinds.Kind, body: Body) -> Outcome:
@@ -78,7 +83,7 @@ class Writer:
                 raise
             namespace, name = _where(body)
             return (await self.refresh(kind, name, namespace)).body
-        self._view.apply(kind.kind, created)
+        self._view.apply(kind, created)
         return created
 
     async def delete(
@@ -121,16 +126,16 @@ class Writer:
             return Outcome(False, None)
         if assumption is not None:
             self._doubtful.pop(key, None)
-            if not self._view.cluster.settle_device(namespace, name, assumption):
+            if not self._view.settle(namespace, name, assumption):
                 return Outcome(False, fresh)  # another decision of ours is in flight on it: its write settles it
         if fresh is None:
             self._gone(kind, namespace, name, before)
         else:
-            self._view.apply(kind.kind, fresh)
+            self._view.apply(kind, fresh)
         return Outcome(False, fresh)
 
     def _version(self, kind: kinds.Kind, namespace: str, name: str) -> int | None:
-        return self._view.cluster.stored_version(kind.kind, (namespace, name) if kind.namespaced else name)
+        return self._view.cluster.stored_version(kind, (namespace, name) if kind.namespaced else name)
 
     def _gone(self, kind: kinds.Kind, namespace: str, name: str, before: int | None) -> None:
         """The API had no object of the name when asked: the view forgets what it held then, but not what
@@ -138,7 +143,7 @@ class Writer:
         by name would drop and bury at its own version, out of sight of every later list."""
         now = self._version(kind, namespace, name)
         if now is None or (before is not None and now <= before):
-            self._view.forget(kind.kind, namespace, name)
+            self._view.forget(kind, namespace, name)
 
     def _landed(self, kind: kinds.Kind, body: Body) -> None:
         self._writes += 1
@@ -166,6 +171,6 @@ class Writer:
                 await self.refresh(kind, name, namespace, assumption=assumption)
             raise
         if assumption is not None:
-            self._view.cluster.settle_device(namespace, name, assumption)
-        self._view.apply(kind.kind, response)
+            self._view.settle(namespace, name, assumption)
+        self._view.apply(kind, response)
         return Outcome(True, response)

@@ -1,7 +1,6 @@
-"""The operator's in-memory view of the cluster, fed by watch events.
+"""The operator's in-memory view of the cluster, fed by watch events; no I/O.
 
-`cluster.Cluster` holds every GPUClass, GPUDevice, GPUBudget, Node and Namespace
-the operator has seen, with the secondary indexes decisions need (devices per
-node, per namespace, per bind request). It does no I/O; the watch handlers and
-the binder's own writes feed it. Below `decisions`, above `api`.
+`cluster.Cluster` is the read-only façade workers and decisions get; its parts (a store per
+kind, device indexes, capacity and best fit, budgets' and pods' use, VMIs) are its own, and
+only the door, runtime.view, changes them. Below `decisions`, above `api`.
 """

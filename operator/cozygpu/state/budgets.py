@@ -1,7 +1,8 @@
 """GPUBudgets by the namespaces they cover (§1.4), with the units in use under each (§7.2).
 
 Callers: `state.cluster.Cluster` keeps it current from budget and namespace events and
-from every change of a namespace's use; `decisions.budgets` reads it through the view.
+from every change of a namespace's use (`add_use`, the units in use per namespace and class
+are kept here too); `decisions.budgets` reads it through the view.
 A budget check then costs the budgets covering one namespace, not a walk of every budget
 and every namespace. A namespace's event costs the budgets that have a namespaceSelector
 (an administrator's few); only such a budget's own event walks the namespaces.
@@ -14,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from cozygpu.api import GPUBudget
 from cozygpu.api.selectors import selector_matches
 from cozygpu.state.counts import add as _add
+from cozygpu.state.store import Store
+from cozygpu.state.tombstones import DEFAULT_LIMIT
 
 BudgetKey = tuple[str, str]  # (namespace, name)
 
@@ -24,24 +27,20 @@ class BudgetIndex:
     A budget covers its own namespace, and the namespaces the view knows that its selector
     matches; its tally is the use of exactly those namespaces."""
 
-    def __init__(self) -> None:
-        self.budgets: dict[BudgetKey, GPUBudget] = {}
+    def __init__(self, tombstones: int = DEFAULT_LIMIT) -> None:
+        self.store: Store[BudgetKey, GPUBudget] = Store(tombstones)
+        self.budgets = self.store.items
+        # Units in use per namespace and class (§7.2, `GPUDevice.in_use`).
+        self._use: dict[str, dict[str, int]] = {}
         self._covers: dict[BudgetKey, set[str]] = {}
         self._covering: dict[str, set[BudgetKey]] = {}
         self._selecting: set[BudgetKey] = set()
         self._used: dict[BudgetKey, dict[str, int]] = {}
 
-    def put(
-        self,
-        budget: GPUBudget,
-        namespaces: Iterable[str],
-        labels: Callable[[str], Mapping[str, str]],
-        use: Callable[[str], Mapping[str, int]],
-    ) -> None:
+    def put(self, budget: GPUBudget, namespaces: Iterable[str], labels: Callable[[str], Mapping[str, str]]) -> None:
         """Store a budget; what it covers is worked out anew only when it is new or its selector changed."""
         key = (budget.namespace or "", budget.name)
-        old = self.budgets.get(key)
-        self.budgets[key] = budget
+        old = self.store.put(key, budget, budget.metadata.resource_version)
         if old is not None and old.spec.namespace_selector == budget.spec.namespace_selector:
             return
         self._forget(key)
@@ -52,17 +51,17 @@ class BudgetIndex:
             covered |= {ns for ns in namespaces if selector_matches(selector, labels(ns))}
         self._covers[key], self._used[key] = set(), {}
         for namespace in covered:
-            self._cover(key, namespace, use(namespace))
+            self._cover(key, namespace, self._use.get(namespace, {}))
 
-    def drop(self, key: BudgetKey) -> GPUBudget | None:
-        budget = self.budgets.pop(key, None)
+    def drop(self, key: BudgetKey, removal: str | None = None) -> GPUBudget | None:
+        budget = self.store.pop(key, removal)
         if budget is not None:
             self._forget(key)
         return budget
 
-    def relabel(self, namespace: str, labels: Mapping[str, str], use: Mapping[str, int]) -> set[BudgetKey]:
+    def relabel(self, namespace: str, labels: Mapping[str, str]) -> set[BudgetKey]:
         """A namespace the view knows appeared or changed labels; returns the budgets that took it up or let go."""
-        moved = set()
+        moved, use = set(), self._use.get(namespace, {})
         for key in self._selecting:
             selector = self.budgets[key].spec.namespace_selector
             covers = namespace == key[0] or selector_matches(selector, labels)
@@ -71,15 +70,20 @@ class BudgetIndex:
                 moved.add(key)
         return moved
 
-    def namespace_gone(self, namespace: str, use: Mapping[str, int]) -> set[BudgetKey]:
+    def namespace_gone(self, namespace: str) -> set[BudgetKey]:
         """The view forgot a namespace: only budgets of its own still cover it; returns those that let go."""
         moved = {key for key in self._covering.get(namespace, ()) if key[0] != namespace}
+        use = self._use.get(namespace, {})
         for key in moved:
             self._uncover(key, namespace, use)
         return moved
 
     def add_use(self, namespace: str, class_name: str, units: int) -> None:
-        """Units in use in a namespace changed: every budget covering it counts them."""
+        """Units in use in a namespace changed: the namespace and every budget covering it count them."""
+        use = self._use.setdefault(namespace, {})
+        _add(use, class_name, units)
+        if not use:
+            del self._use[namespace]
         for key in self._covering.get(namespace, ()):
             _add(self._used[key], class_name, units)
 
@@ -92,6 +96,10 @@ class BudgetIndex:
         if not known:
             keys |= {k for k in self._selecting if selector_matches(self.budgets[k].spec.namespace_selector, labels)}
         return [self.budgets[k] for k in sorted(keys)]
+
+    def use_in(self, namespace: str) -> dict[str, int]:
+        """Units in use per class in the namespace, as budgets count them (§7.2, `GPUDevice.in_use`)."""
+        return dict(self._use.get(namespace, {}))
 
     def used(self, key: BudgetKey) -> dict[str, int]:
         """Units in use per class across the namespaces the budget covers."""

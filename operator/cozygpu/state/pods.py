@@ -173,6 +173,11 @@ class PodUsage:
     def get(self, namespace: str, name: str) -> PodUse | None:
         return self._pods.get((namespace, name))
 
+    def version(self, key: PodKey) -> int | None:
+        """The version of the pod held under the key (`store.Versioned`), None if none is held."""
+        pod = self._pods.get(key)
+        return None if pod is None else pod.resource_version
+
     def keys(self) -> Iterator[PodKey]:
         return iter(list(self._pods))
 

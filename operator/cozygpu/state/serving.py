@@ -8,7 +8,8 @@ resource (best fit, §5.3) and, by name, the nodes that have the resource but do
 serve the class. The binder finds the node for a device, or that none has room, in
 O(log n), and names the closest nodes without a scan (§14.3).
 
-Kept by `state.cluster.Cluster` alone, which hands what moved to the workers as a
+Kept by `state.capacity` alone (its writes are private to the view: workers read it through
+`Cluster.serving`); the cluster hands what moved to the workers as a
 `Change`: `room` (classes where a waiting device may fit now) and `served` (classes
 whose set of serving nodes changed, so their waiting devices' reasons read differently).
 """
@@ -90,7 +91,9 @@ class ServingIndex:
 
     # -- what moves it ---------------------------------------------------------
 
-    def node(self, old: NodeInfo | None, new: NodeInfo | None, classes: Mapping[str, GPUClass], free: Free) -> set[str]:
+    def _node_changed(
+        self, old: NodeInfo | None, new: NodeInfo | None, classes: Mapping[str, GPUClass], free: Free
+    ) -> set[str]:
         """A node appeared, changed or went: the classes it started or stopped serving. Room on a node that
         serves a class before and after comes through `free`. Costs the classes of its resources, not the nodes."""
         node = new if new is not None else old
@@ -113,7 +116,7 @@ class ServingIndex:
         # A node that has the resource without serving the class changes no waiting device's prospects.
         return set(before ^ after)
 
-    def free(self, node: str, resource: str, now: int) -> set[str]:
+    def _units_changed(self, node: str, resource: str, now: int) -> set[str]:
         """The node's free units of the resource moved to `now`: the classes that gained room."""
         room = set()
         for c in self._serves.get(node, ()):
@@ -128,7 +131,7 @@ class ServingIndex:
                 room.add(c)
         return room
 
-    def rebuild(self, nodes: Iterable[NodeInfo], classes: Mapping[str, GPUClass], free: Free) -> set[str]:
+    def _rebuild(self, nodes: Iterable[NodeInfo], classes: Mapping[str, GPUClass], free: Free) -> set[str]:
         """A class appeared, changed or went: every node is judged again (O(nodes x classes); classes are
         an administrator's, rarely changed). Returns every class before and after, all may read anew."""
         everything = set(self._resource) | set(classes)
@@ -138,7 +141,7 @@ class ServingIndex:
             self._resource[c.name] = c.spec.resource_name
             self._classes_of[c.spec.resource_name].add(c.name)
         for node in nodes:
-            self.node(None, node, classes, free)
+            self._node_changed(None, node, classes, free)
         return everything
 
     def _enter(self, cls: str, node: str, free: int) -> None:

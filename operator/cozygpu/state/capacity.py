@@ -1,0 +1,194 @@
+"""Nodes and their free units per resource, ordered for best fit (§5.1, §5.3, §13.1).
+
+Callers: `state.cluster` stores nodes here and counts each Bound device's units against its node
+(`count`, `uncount`) and the units pods the operator did not place hold (`set_unmanaged`, §12);
+placement reads `best_fit`, `most_units`, `nodes_with` and, per class, `serving` (`state.serving`)
+through the cluster's read-only surface. Every resource's nodes are kept ordered by free units, so
+best fit costs O(log n), never a scan. Free units that change are news for waiting devices:
+`take_room` hands out the classes where one may fit now (§5.5).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping
+
+from cozygpu.api import GPUClass
+from cozygpu.state.counts import add as _add
+from cozygpu.state.devices import DeviceKey
+from cozygpu.state.nodes import NodeInfo
+from cozygpu.state.serving import ServingIndex
+from cozygpu.state.store import Store
+from cozygpu.state.tombstones import DEFAULT_LIMIT
+
+
+class Capacity:
+    def __init__(self, classes: Mapping[str, GPUClass], tombstones: int = DEFAULT_LIMIT) -> None:
+        self._classes = classes
+        self.nodes: Store[str, NodeInfo] = Store(tombstones)
+        # Nodes by the resources in their allocatable: placement looks only at nodes that have them.
+        self._nodes_by_resource: dict[str, set[str]] = defaultdict(set)
+        # Per resource, how many nodes serve each count of units: the largest a node has, without a scan (§3.7).
+        self._unit_sizes: dict[str, dict[int, int]] = defaultdict(dict)
+        # Units of Bound devices per node and resource, each device as it was counted, per class.
+        self._held_res: dict[str, dict[str, int]] = {}
+        self._counted: dict[DeviceKey, tuple[str, str, int, str]] = {}
+        self._held_class: dict[str, int] = {}
+        # Units pods the operator did not place hold per node and resource (§12): not free either.
+        self._unmanaged_res: dict[str, dict[str, int]] = {}
+        # Every resource's nodes ordered by free units, and each node's place in that order.
+        self._by_free: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        self._free_at: dict[tuple[str, str], int] = {}
+        # Per class, the nodes serving it by free units, and the others with its resource (§5.1, §5.3).
+        self.serving = ServingIndex()
+        self._room: set[str] = set()
+        self._served: set[str] = set()
+
+    def take_room(self) -> tuple[set[str], set[str]]:
+        """The classes where a waiting device may fit now, and those whose serving nodes changed, since last asked."""
+        room, served, self._room, self._served = self._room, self._served, set(), set()
+        return room, served
+
+    # -- writes (the cluster's only) ---------------------------------------------
+
+    def put_node(self, node: NodeInfo) -> bool:
+        """Store the node; whether anything a decision reads changed (a heartbeat changes nothing)."""
+        old = self.nodes.put(node.name, node, node.resource_version)
+        self._unindex_node(old)
+        for resource, units in node.allocatable.items():
+            self._nodes_by_resource[resource].add(node.name)
+            _add(self._unit_sizes[resource], units, 1)
+        for resource in set(node.allocatable) | set(old.allocatable if old else ()):
+            self._reorder(node.name, resource)
+        if old is None or dataclasses.replace(old, resource_version=node.resource_version) != node:
+            self._served |= self.serving._node_changed(old, node, self._classes, self.free_units)
+            return True
+        return False
+
+    def pop_node(self, name: str, removal: str | None) -> NodeInfo | None:
+        old = self.nodes.pop(name, removal)
+        self._unindex_node(old)
+        self._served |= self.serving._node_changed(old, None, self._classes, self.free_units)
+        for resource in old.allocatable if old else ():
+            self._reorder(name, resource)
+        return old
+
+    def _unindex_node(self, node: NodeInfo | None) -> None:
+        if node is None:
+            return
+        for resource, units in node.allocatable.items():
+            names = self._nodes_by_resource[resource]
+            names.discard(node.name)
+            if not names:
+                del self._nodes_by_resource[resource]
+            _add(self._unit_sizes[resource], units, -1)
+            if not self._unit_sizes[resource]:
+                del self._unit_sizes[resource]
+
+    def count(self, key: DeviceKey, node: str, class_name: str, units: int) -> None:
+        """A Bound device's units against its node and its class's resource, as known now."""
+        cls = self._classes.get(class_name)
+        if cls is None:
+            return  # counted once its class is known (the cluster counts the class's devices anew)
+        resource = cls.spec.resource_name
+        self._counted[key] = (node, resource, units, class_name)
+        per_node = self._held_res.setdefault(node, {})
+        per_node[resource] = per_node.get(resource, 0) + units
+        self._held_class[class_name] = self._held_class.get(class_name, 0) + units
+        self._reorder(node, resource)
+
+    def uncount(self, key: DeviceKey) -> None:
+        counted = self._counted.pop(key, None)
+        if counted is None:
+            return
+        node, resource, units, class_name = counted
+        _add(self._held_class, class_name, -units)
+        per_node = self._held_res[node]
+        per_node[resource] -= units
+        if not per_node[resource]:
+            del per_node[resource]
+            if not per_node:
+                del self._held_res[node]
+        self._reorder(node, resource)
+
+    def set_unmanaged(self, node: str, now: dict[str, int]) -> None:
+        """The units pods the operator did not place hold on the node now, per resource."""
+        before = self._unmanaged_res.pop(node, {})
+        if now:
+            self._unmanaged_res[node] = now
+        if now != before:
+            for resource in set(now) | set(before):
+                self._reorder(node, resource)
+
+    def reserve(self) -> None:
+        """A class changed: which node serves what is judged anew everywhere; every class may read anew."""
+        every = self.serving._rebuild(self.nodes.items.values(), self._classes, self.free_units)
+        self._room |= every
+        self._served |= every
+
+    def _reorder(self, node: str, resource: str) -> None:
+        """Put (free, node) where it belongs in the resource's order, or take it out."""
+        order = self._by_free[resource]
+        old = self._free_at.pop((resource, node), None)
+        if old is not None:
+            del order[bisect.bisect_left(order, (old, node))]
+        info = self.nodes.get(node)
+        if info is not None and resource in info.allocatable:
+            taken = self._held_res.get(node, {}).get(resource, 0) + self._unmanaged_res.get(node, {}).get(resource, 0)
+            now = info.free(resource, taken)
+            bisect.insort(order, (now, node))
+            self._free_at[(resource, node)] = now
+            if now != old:
+                self._room |= self.serving._units_changed(node, resource, now)
+        if not order:
+            del self._by_free[resource]
+
+    # -- reads -------------------------------------------------------------------
+
+    def free_units(self, node: str, resource: str) -> int:
+        return self._free_at.get((resource, node), 0)
+
+    def has_unmanaged(self, node: str) -> bool:
+        return node in self._unmanaged_res
+
+    def unmanaged_nodes(self) -> list[str]:
+        return list(self._unmanaged_res)
+
+    def held_of_class(self, class_name: str) -> int:
+        """Units of the class's Bound devices, on every node (counted once the class is known)."""
+        return self._held_class.get(class_name, 0)
+
+    def held_units(self, node: str) -> dict[str, int]:
+        """Units held on the node per resource by Bound devices (of every namespace)."""
+        return dict(self._held_res.get(node, {}))
+
+    def unmanaged_units(self, node: str) -> dict[str, int]:
+        """Units pods the operator did not place hold on the node, per resource (§12; `Cluster.unmanaged_on`)."""
+        return dict(self._unmanaged_res.get(node, {}))
+
+    def taken_units(self, node: str) -> dict[str, int]:
+        """Units not free on the node per resource: held by Bound devices or by pods the operator did not place."""
+        taken = dict(self._held_res.get(node, {}))
+        for resource, units in self._unmanaged_res.get(node, {}).items():
+            taken[resource] = taken.get(resource, 0) + units
+        return taken
+
+    def best_fit(self, resource: str, units: int) -> Iterator[str]:
+        """Nodes with at least `units` free of the resource, fewest free first, then by name: where
+        bin-packing puts a new set of that one resource (§5.3), found in O(log n)."""
+        order = self._by_free.get(resource, [])
+        for index in range(bisect.bisect_left(order, (units, "")), len(order)):
+            yield order[index][1]
+
+    def most_units(self, resource: str) -> int:
+        """The most units of `resource` any one node serves (0 if none): over the distinct sizes, not the nodes."""
+        return max(self._unit_sizes.get(resource, {0: 1}))
+
+    def nodes_with(self, resources: Iterable[str]) -> list[str]:
+        """Names of the nodes whose allocatable names every one of the resources, sorted."""
+        sets = [self._nodes_by_resource.get(r, set()) for r in resources]
+        if not sets:
+            return []
+        return sorted(set.intersection(*sets))

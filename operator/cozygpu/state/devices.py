@@ -1,0 +1,193 @@
+"""GPUDevices by key, with the indexes decisions look them up by, and the waiting room in turn (§5.5).
+
+Callers: `state.cluster` stores and forgets devices here (`put`, `pop`) and counts their units
+elsewhere (`state.capacity`, `state.budgets`); everything else reads through the cluster's
+read-only surface. Indexes are per node, namespace, bind request (all, and those still open),
+attachment and class; devices not Bound are kept in turn, and those the binder places on its
+own by class and count, so room for a class wakes only what fits (§14.3).
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import heapq
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from cozygpu.api import GPUDevice
+from cozygpu.state.store import Store
+from cozygpu.state.tombstones import DEFAULT_LIMIT
+
+DeviceKey = tuple[str, str]  # (namespace, name)
+Turn = tuple[dt.datetime, int, str, str]  # §5.5: creation, first sight, namespace, name
+
+_LAST = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
+def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
+    if value in index:
+        index[value].discard(key)
+        if not index[value]:
+            del index[value]
+
+
+class Devices:
+    def __init__(self, tombstones: int = DEFAULT_LIMIT) -> None:
+        self.store: Store[DeviceKey, GPUDevice] = Store(tombstones)
+        self._by_node: dict[str, set[DeviceKey]] = defaultdict(set)
+        self._by_namespace: dict[str, set[DeviceKey]] = defaultdict(set)
+        self._by_request: dict[str, set[DeviceKey]] = defaultdict(set)
+        self._open_requests: dict[str, set[DeviceKey]] = defaultdict(set)
+        self._by_attachment: dict[DeviceKey, set[DeviceKey]] = defaultdict(set)  # (namespace, vmi) -> devices
+        self._by_class: dict[str, set[DeviceKey]] = defaultdict(set)
+        # Devices not Bound, first come first served (§5.5), kept in order rather than sorted per pass.
+        self._turns: list[Turn] = []
+        self._turn_of: dict[DeviceKey, Turn] = {}
+        # Devices the binder places on its own (`GPUDevice.awaits_node`) by class and count, each in turn.
+        self._waiting: dict[str, dict[int, list[Turn]]] = {}
+        self._waiting_at: dict[DeviceKey, tuple[str, int, Turn]] = {}
+        # Order of first sight: creation timestamps have one-second precision, so devices
+        # created within a second are told apart by when the watch delivered them.
+        self._arrival: dict[DeviceKey, int] = {}
+        self._arrivals = 0
+
+    # -- writes (the cluster's only) ---------------------------------------------
+
+    def put(self, key: DeviceKey, device: GPUDevice) -> GPUDevice | None:
+        """Store the device and index it; returns the one it replaced (unindexed)."""
+        old = self.store.put(key, device, device.metadata.resource_version)
+        if old is not None:
+            self._unindex(key, old)
+        if key not in self._arrival:
+            self._arrivals += 1
+            self._arrival[key] = self._arrivals
+        self._index(key, device)
+        return old
+
+    def pop(self, key: DeviceKey, removal: str | None) -> GPUDevice | None:
+        old = self.store.pop(key, removal)
+        self._arrival.pop(key, None)
+        if old is not None:
+            self._unindex(key, old)
+        return old
+
+    def _index(self, key: DeviceKey, device: GPUDevice) -> None:
+        if device.status.node_name:
+            self._by_node[device.status.node_name].add(key)
+        self._by_namespace[key[0]].add(key)
+        self._by_class[device.spec.class_name].add(key)
+        if device.status.attached_to is not None:
+            self._by_attachment[(key[0], device.status.attached_to.vmi)].add(key)
+        request = device.status.bind_request
+        if request is not None:
+            self._by_request[request.id].add(key)
+            if request.result is None:
+                self._open_requests[request.id].add(key)
+        if not device.holds_gpus:
+            turn = self.turn(device)
+            bisect.insort(self._turns, turn)
+            self._turn_of[key] = turn
+            if device.awaits_node:
+                class_name, count = device.spec.class_name, device.spec.count
+                bisect.insort(self._waiting.setdefault(class_name, {}).setdefault(count, []), turn)
+                self._waiting_at[key] = (class_name, count, turn)
+
+    def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
+        turn = self._turn_of.pop(key, None)
+        if turn is not None:
+            del self._turns[bisect.bisect_left(self._turns, turn)]
+        waiting = self._waiting_at.pop(key, None)
+        if waiting is not None:
+            class_name, count, turn = waiting
+            of_class = self._waiting[class_name]
+            in_line = of_class[count]
+            del in_line[bisect.bisect_left(in_line, turn)]
+            if not in_line:
+                del of_class[count]
+                if not of_class:
+                    del self._waiting[class_name]
+        request = device.status.bind_request
+        attached = device.status.attached_to
+        if attached is not None:
+            _drop(self._by_attachment, (key[0], attached.vmi), key)
+        for index, value in (
+            (self._by_class, device.spec.class_name),
+            (self._by_node, device.status.node_name),
+            (self._by_namespace, key[0]),
+            (self._by_request, request.id if request else None),
+            (self._open_requests, request.id if request and request.result is None else None),
+        ):
+            if value is not None:
+                _drop(index, value, key)
+
+    # -- reads -------------------------------------------------------------------
+
+    def device(self, namespace: str, name: str) -> GPUDevice | None:
+        return self.store.get((namespace, name))
+
+    def arrival(self, namespace: str, name: str) -> int:
+        return self._arrival.get((namespace, name), 0)
+
+    def turn(self, device: GPUDevice) -> Turn:
+        """§5.5 first come first served: by creation, then by when the view first saw it (creation times have
+        one-second precision), then by name; a device without a creation time (never from the API) last."""
+        namespace = device.namespace or ""
+        created = device.metadata.creation_timestamp or _LAST
+        return created, self._arrival.get((namespace, device.name), 0), namespace, device.name
+
+    def names_node(self, node: str) -> bool:
+        """Whether some device's status names the node."""
+        return node in self._by_node
+
+    def devices_on(self, node: str) -> Iterator[GPUDevice]:
+        """Devices whose status names the node (Bound there or Lost from there)."""
+        items = self.store.items
+        for key in self._by_node.get(node, ()):
+            yield items[key]
+
+    def devices_in(self, namespace: str) -> Iterator[GPUDevice]:
+        items = self.store.items
+        for key in self._by_namespace.get(namespace, ()):
+            yield items[key]
+
+    def devices_of_request(self, request_id: str) -> list[GPUDevice]:
+        return [self.store.items[k] for k in self._by_request.get(request_id, ())]
+
+    def attached_to(self, namespace: str, vmi: str) -> list[GPUDevice]:
+        """Devices whose attachment names this VMI (any uid)."""
+        return [self.store.items[k] for k in self._by_attachment.get((namespace, vmi), ())]
+
+    def devices_of_class(self, name: str) -> list[GPUDevice]:
+        return [self.store.items[k] for k in self._by_class.get(name, ())]
+
+    def keys_of_class(self, name: str) -> list[DeviceKey]:
+        return list(self._by_class.get(name, ()))
+
+    def open_request_ids(self) -> list[str]:
+        """Ids of bind requests that some device carries without a result."""
+        return list(self._open_requests)
+
+    def unbound_in_turn(self) -> list[GPUDevice]:
+        """Devices not Bound, first come first served (`turn`), from the order kept as they change."""
+        return [self.store.items[(t[2], t[3])] for t in self._turns]
+
+    def waiting(self, class_name: str, most: int | None = None) -> list[GPUDevice]:
+        """The class's devices the binder places on its own (`GPUDevice.awaits_node`) that ask for at most
+        `most` units (every one if None), first come first served: the few that room can wake (§14.3)."""
+        of_class = self._waiting.get(class_name, {})
+        lines = [line for count, line in of_class.items() if most is None or count <= most]
+        return [self.store.items[(t[2], t[3])] for t in heapq.merge(*lines)]
+
+    def next_waiting(self, class_name: str, most: int, after: Turn | None) -> GPUDevice | None:
+        """The class's first device in turn after `after` that awaits a node and asks for at most `most`
+        units: a cursor over the waiting room that devices placed or arriving meanwhile do not upset."""
+        best: Turn | None = None
+        for count, line in self._waiting.get(class_name, {}).items():
+            if count > most:
+                continue
+            at = 0 if after is None else bisect.bisect_right(line, after)
+            if at < len(line) and (best is None or line[at] < best):
+                best = line[at]
+        return None if best is None else self.store.items[(best[2], best[3])]

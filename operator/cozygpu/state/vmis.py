@@ -1,0 +1,70 @@
+"""VMIs as the view keeps them: the uid of the one of each name, and the devices it names (§6, §14.2).
+
+Callers: `state.cluster` stores them from VMI events (`put`, `pop`) and measures a VMI's set by
+them (`set_of`); the collector and the webhooks read `vmis`, `names_device` and
+`vmi_exists` through the cluster's read-only surface. Nothing else of a VMI is kept (§13.3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cozygpu.api import GPUDevice, references
+from cozygpu.state.store import Store
+from cozygpu.state.tombstones import DEFAULT_LIMIT
+
+VmiKey = tuple[str, str]  # (namespace, name)
+
+
+class Vmis:
+    def __init__(self, attached_to: Callable[[str, str], list[GPUDevice]], tombstones: int = DEFAULT_LIMIT) -> None:
+        self._attached_to = attached_to  # devices whose attachment names a VMI of the name (`state.devices`)
+        # The uid of the VMI of each name: a new VMI of the name is another VMI (§6.2).
+        self.store: Store[VmiKey, str] = Store(tombstones)
+        self.uids: Mapping[VmiKey, str] = self.store.items
+        # And the devices each names (§14.2): a device a losing create of the name attached is not the VMI's.
+        self._names: dict[VmiKey, frozenset[str]] = {}
+        self._all_uids: set[str] = set()
+
+    def put(self, body: dict[str, Any]) -> VmiKey | None:
+        """Store the VMI unless the view holds a newer one or it was removed since; its key if stored."""
+        meta = body.get("metadata", {})
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if not self.store.news(key, meta.get("resourceVersion")):
+            return None
+        self._all_uids.discard(self.store.get(key) or "")
+        uid = meta.get("uid", "")
+        self.store.put(key, uid, meta.get("resourceVersion"))
+        self._all_uids.add(uid)
+        self._names[key] = references.device_names(key[1], meta.get("annotations"))
+        return key
+
+    def pop(self, key: VmiKey, removal: str | None) -> bool:
+        """Forget the VMI; whether the view held one of the name."""
+        held = key in self.store
+        self._all_uids.discard(self.store.pop(key, removal) or "")
+        self._names.pop(key, None)
+        return held
+
+    def names_device(self, namespace: str, vmi: str, device: str) -> bool:
+        """Whether the VMI of this name that the view has names the device among its references (§14.2)."""
+        return device in self._names.get((namespace, vmi), ())
+
+    def vmi_exists(self, uid: str) -> bool:
+        """Whether a VMI with this uid exists (any namespace, any name)."""
+        return bool(uid) and uid in self._all_uids
+
+    def set_of(self, namespace: str, vmi: str, uid: str) -> list[GPUDevice]:
+        """The devices attached to the VMI object `uid` of this name: those with its uid recorded, and those not
+        recorded yet that it names (§6.1, §14.2). Until the view has that VMI, every unrecorded one counts."""
+        live = self.uids.get((namespace, vmi))
+        names: frozenset[str] | None = None  # the view has no VMI of the name yet
+        if live is not None:
+            names = self._names.get((namespace, vmi), frozenset()) if live == uid else frozenset()
+        out = []
+        for d in self._attached_to(namespace, vmi):
+            recorded = d.status.attached_to.uid if d.status.attached_to is not None else None
+            if recorded == uid or (recorded is None and (names is None or d.name in names)):
+                out.append(d)
+        return out
