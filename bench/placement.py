@@ -36,19 +36,20 @@ RESOURCES = ["nvidia.com/A10", "nvidia.com/L40S", "nvidia.com/H100"]
 def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
     rng = random.Random(seed)
     c = Cluster()
+    view = View(c)
     for i, r in enumerate(RESOURCES):
-        View(c).apply(kinds.GPU_CLASS, {"metadata": {"name": f"c{i}", "resourceVersion": "1"},
+        view.apply(kinds.GPU_CLASS, {"metadata": {"name": f"c{i}", "resourceVersion": "1"},
                         "spec": {"mode": "passthrough", "resourceName": r}})  # fmt: skip
     for n in range(nodes):
         r = RESOURCES[n % len(RESOURCES)]
-        View(c).apply(kinds.NODE, {
+        view.apply(kinds.NODE, {
             "metadata": {"name": f"node-{n:05d}", "resourceVersion": "1", "labels": {}},
             "spec": {},
             "status": {"allocatable": {r: "8"}, "conditions": [{"type": "Ready", "status": "True"}]},
         })  # fmt: skip
     for ns in range(namespaces):
-        View(c).apply(kinds.NAMESPACE, {"metadata": {"name": f"t{ns}", "labels": {}}})
-        View(c).apply(kinds.GPU_BUDGET, {"metadata": {"name": "b", "namespace": f"t{ns}", "resourceVersion": "1"},
+        view.apply(kinds.NAMESPACE, {"metadata": {"name": f"t{ns}", "labels": {}}})
+        view.apply(kinds.GPU_BUDGET, {"metadata": {"name": "b", "namespace": f"t{ns}", "resourceVersion": "1"},
                          "spec": {"limits": {"c0": 10_000}, "total": 100_000}})  # fmt: skip
     for d in range(devices):
         n = rng.randrange(nodes)
@@ -57,12 +58,12 @@ def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
         status: dict[str, object] = {"phase": "Bound", "nodeName": f"node-{n:05d}"}
         if d % 2:  # a template device of a running VMI: attached, owned, protected
             uid = f"uid-{d}"
-            View(c).apply(kinds.VMI, {"metadata": {"name": f"vm{d}", "namespace": ns, "uid": uid}})
+            view.apply(kinds.VMI, {"metadata": {"name": f"vm{d}", "namespace": ns, "uid": uid}})
             meta.update(name=f"vm{d}-gpu-0", labels={LABEL_TEMPLATE_DEVICE: "true"}, finalizers=[FINALIZER_IN_USE],
                         ownerReferences=[{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
                                           "name": f"vm{d}", "uid": uid}])  # fmt: skip
             status["attachedTo"] = {"vmi": f"vm{d}", "uid": uid}
-        View(c).apply(kinds.GPU_DEVICE, {"metadata": meta, "spec": {"className": f"c{n % len(RESOURCES)}", "count": 1},
+        view.apply(kinds.GPU_DEVICE, {"metadata": meta, "spec": {"className": f"c{n % len(RESOURCES)}", "count": 1},
                          "status": status})  # fmt: skip
     return c
 

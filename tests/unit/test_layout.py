@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import ast
 import re
+from collections.abc import Iterator, Mapping, MutableMapping
 from pathlib import Path
+from typing import Any
 
+import cozygpu
 import cozygpu.runtime
+from cozygpu.state.cluster import Cluster
 
+PACKAGE = Path(cozygpu.__file__).parent
 RUNTIME = Path(cozygpu.runtime.__file__).parent
-# Storing into or removing from the view, as the cluster's own methods spell it.
-_CHANGES_VIEW = re.compile(r"\b(cluster|_cluster)\.(apply|upsert_\w+|remove_\w+)\(")
+# The view's own package, and its one door: the only code that may touch what the view keeps privately.
+INSIDE = ("state/", "runtime/view.py")
 # An adapter write of one of the kinds the view holds.
 _WRITES_OUR_KINDS = re.compile(r"_kube\.(create|replace|replace_status|patch|delete)\(kinds\.GPU_")
 
@@ -18,16 +24,98 @@ def offenders(pattern: re.Pattern[str], allowed: str) -> list[str]:
     """Lines of runtime modules other than `allowed` that match `pattern`, as file:line."""
     return [
         f"{path.name}:{n}"
-        for path in sorted(RUNTIME.glob("*.py"))
+        for path in sorted(RUNTIME.rglob("*.py"))
         if path.name != allowed
         for n, line in enumerate(path.read_text().splitlines(), 1)
         if pattern.search(line)
     ]
 
 
-def test_only_the_door_changes_the_view() -> None:
-    """Every worker's writes reach the view through runtime.view (via runtime.writes), never by hand."""
-    assert offenders(_CHANGES_VIEW, "view.py") == []
+def _view_objects(obj: Any, seen: set[int] | None = None) -> Iterator[Any]:
+    """The cluster and every object of the view it is made of (the parts in cozygpu.state)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or not type(obj).__module__.startswith("cozygpu.state"):
+        return
+    seen.add(id(obj))
+    yield obj
+    for value in vars(obj).values():
+        yield from _view_objects(value, seen)
+
+
+def _private_names() -> set[str]:
+    """What the view's objects keep privately: their private attributes and private methods."""
+    names: set[str] = set()
+    for obj in _view_objects(Cluster()):
+        names |= {n for n in vars(obj) if n.startswith("_") and not n.startswith("__")}
+        names |= {n for klass in type(obj).__mro__ for n in vars(klass) if n.startswith("_") and not n.startswith("__")}
+    return names
+
+
+def private_reaches(source: str, private: set[str]) -> list[str]:
+    """Attribute accesses in `source` that reach another object's private name of the view (not `self`'s)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in private:
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                out.append(f"{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+def side_doors_in_modules() -> list[str]:
+    private = _private_names()
+    return [
+        f"{path.relative_to(PACKAGE).as_posix()}:{hit}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not path.relative_to(PACKAGE).as_posix().startswith(INSIDE)
+        for hit in private_reaches(path.read_text(), private)
+    ]
+
+
+def writers_on_the_surface(cluster: Any) -> list[str]:
+    """Public attributes of the cluster (and of the objects it hands out) that could change the view."""
+    out = []
+    for name in dir(cluster):
+        if name.startswith("_"):
+            continue
+        value = getattr(cluster, name)
+        if getattr(getattr(value, "__func__", value), "__writes__", False):
+            out.append(f"{name}: a method that writes")
+        elif isinstance(value, MutableMapping) or isinstance(value, (list, set)):
+            out.append(f"{name}: a mutable {type(value).__name__}")
+        elif not isinstance(value, Mapping) and not callable(value):
+            out.extend(f"{name}.{inner}" for inner in writers_on_the_surface(value))
+    return out
+
+
+def test_only_the_door_reaches_what_the_view_keeps_privately() -> None:
+    """Outside state/ and runtime/view.py no module touches the view's private mutators or parts (§13)."""
+    assert side_doors_in_modules() == []
+
+
+def test_the_guard_sees_a_side_door() -> None:
+    """The guard above fails on the side doors a worker could try: the private mutators, a part, a part's index."""
+    private = _private_names()
+    door = "self._cluster._apply(kinds.GPU_DEVICE, body)\ncluster._devices.put(key, d)\nc._capacity._by_free.clear()"
+    assert private_reaches(door, private) == [
+        "1: self._cluster._apply",
+        "2: cluster._devices",
+        "3: c._capacity._by_free",
+        "3: c._capacity",
+    ]
+    assert private_reaches("self._apply(body)\nos._exit(75)", private) == []
+
+
+def test_the_views_public_surface_only_reads() -> None:
+    """Workers and decisions get a `Cluster`: every public attribute is a read or a read-only mapping."""
+    assert writers_on_the_surface(Cluster()) == []
+
+
+def test_the_surface_check_sees_a_writer_handed_out() -> None:
+    """A part's writer or a mutable index put on the surface (a side door) is what the check reports."""
+    c = Cluster()
+    c.put_device = c._devices.put  # type: ignore[attr-defined]
+    c.index = {}  # type: ignore[attr-defined]
+    assert sorted(writers_on_the_surface(c)) == ["index: a mutable dict", "put_device: a method that writes"]
 
 
 def test_only_the_writer_writes_the_views_kinds() -> None:

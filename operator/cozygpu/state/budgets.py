@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from cozygpu.api import GPUBudget
 from cozygpu.api.selectors import selector_matches
 from cozygpu.state.counts import add as _add
-from cozygpu.state.store import Store
+from cozygpu.state.store import Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT
 
 BudgetKey = tuple[str, str]  # (namespace, name)
@@ -37,6 +37,7 @@ class BudgetIndex:
         self._selecting: set[BudgetKey] = set()
         self._used: dict[BudgetKey, dict[str, int]] = {}
 
+    @writes
     def put(self, budget: GPUBudget, namespaces: Iterable[str], labels: Callable[[str], Mapping[str, str]]) -> None:
         """Store a budget; what it covers is worked out anew only when it is new or its selector changed."""
         key = (budget.namespace or "", budget.name)
@@ -53,12 +54,14 @@ class BudgetIndex:
         for namespace in covered:
             self._cover(key, namespace, self._use.get(namespace, {}))
 
+    @writes
     def drop(self, key: BudgetKey, removal: str | None = None) -> GPUBudget | None:
         budget = self.store.pop(key, removal)
         if budget is not None:
             self._forget(key)
         return budget
 
+    @writes
     def relabel(self, namespace: str, labels: Mapping[str, str]) -> set[BudgetKey]:
         """A namespace the view knows appeared or changed labels; returns the budgets that took it up or let go."""
         moved, use = set(), self._use.get(namespace, {})
@@ -70,6 +73,7 @@ class BudgetIndex:
                 moved.add(key)
         return moved
 
+    @writes
     def namespace_gone(self, namespace: str) -> set[BudgetKey]:
         """The view forgot a namespace: only budgets of its own still cover it; returns those that let go."""
         moved = {key for key in self._covering.get(namespace, ()) if key[0] != namespace}
@@ -78,6 +82,7 @@ class BudgetIndex:
             self._uncover(key, namespace, use)
         return moved
 
+    @writes
     def add_use(self, namespace: str, class_name: str, units: int) -> None:
         """Units in use in a namespace changed: the namespace and every budget covering it count them."""
         use = self._use.setdefault(namespace, {})

@@ -20,7 +20,7 @@ from cozygpu.state.counts import add as _add
 from cozygpu.state.devices import DeviceKey
 from cozygpu.state.nodes import NodeInfo
 from cozygpu.state.serving import ServingIndex
-from cozygpu.state.store import Store
+from cozygpu.state.store import Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT
 
 
@@ -46,6 +46,7 @@ class Capacity:
         self._room: set[str] = set()
         self._served: set[str] = set()
 
+    @writes
     def take_room(self) -> tuple[set[str], set[str]]:
         """The classes where a waiting device may fit now, and those whose serving nodes changed, since last asked."""
         room, served, self._room, self._served = self._room, self._served, set(), set()
@@ -53,6 +54,7 @@ class Capacity:
 
     # -- writes (the cluster's only) ---------------------------------------------
 
+    @writes
     def put_node(self, node: NodeInfo) -> bool:
         """Store the node; whether anything a decision reads changed (a heartbeat changes nothing)."""
         old = self.nodes.put(node.name, node, node.resource_version)
@@ -67,6 +69,7 @@ class Capacity:
             return True
         return False
 
+    @writes
     def pop_node(self, name: str, removal: str | None) -> NodeInfo | None:
         old = self.nodes.pop(name, removal)
         self._unindex_node(old)
@@ -87,6 +90,7 @@ class Capacity:
             if not self._unit_sizes[resource]:
                 del self._unit_sizes[resource]
 
+    @writes
     def count(self, key: DeviceKey, node: str, class_name: str, units: int) -> None:
         """A Bound device's units against its node and its class's resource, as known now."""
         cls = self._classes.get(class_name)
@@ -99,6 +103,7 @@ class Capacity:
         self._held_class[class_name] = self._held_class.get(class_name, 0) + units
         self._reorder(node, resource)
 
+    @writes
     def uncount(self, key: DeviceKey) -> None:
         counted = self._counted.pop(key, None)
         if counted is None:
@@ -113,6 +118,7 @@ class Capacity:
                 del self._held_res[node]
         self._reorder(node, resource)
 
+    @writes
     def set_unmanaged(self, node: str, now: dict[str, int]) -> None:
         """The units pods the operator did not place hold on the node now, per resource."""
         before = self._unmanaged_res.pop(node, {})
@@ -122,6 +128,7 @@ class Capacity:
             for resource in set(now) | set(before):
                 self._reorder(node, resource)
 
+    @writes
     def reserve(self) -> None:
         """A class changed: which node serves what is judged anew everywhere; every class may read anew."""
         every = self.serving._rebuild(self.nodes.items.values(), self._classes, self.free_units)

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cozygpu.api import GPUDevice
-from cozygpu.state.store import Store
+from cozygpu.state.store import Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT
 
 DeviceKey = tuple[str, str]  # (namespace, name)
@@ -55,6 +55,7 @@ class Devices:
 
     # -- writes (the cluster's only) ---------------------------------------------
 
+    @writes
     def put(self, key: DeviceKey, device: GPUDevice) -> GPUDevice | None:
         """Store the device and index it; returns the one it replaced (unindexed)."""
         old = self.store.put(key, device, device.metadata.resource_version)
@@ -66,6 +67,7 @@ class Devices:
         self._index(key, device)
         return old
 
+    @writes
     def pop(self, key: DeviceKey, removal: str | None) -> GPUDevice | None:
         old = self.store.pop(key, removal)
         self._arrival.pop(key, None)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cozygpu.api.pods import EXTENDED, asked, launcher_of, owner_vmi
+from cozygpu.state.store import writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 PodKey = tuple[str, str]  # (namespace, name)
@@ -72,6 +73,7 @@ class PodUsage:
         # Pods removed or ended: a late event of an earlier version must not bring them back.
         self._gone = Tombstones(tombstones)
 
+    @writes
     def upsert(self, body: Any) -> set[str]:
         """Store what the pod holds now, or forget it if it holds nothing; the nodes whose usage changed."""
         body = _dict(body)
@@ -115,6 +117,7 @@ class PodUsage:
             self._by_vmi.setdefault((new.namespace, new.vmi), set()).add(key)
         return {new.node} | ({old.node} if old is not None else set())
 
+    @writes
     def remove(self, namespace: str, name: str, resource_version: str | None = None) -> set[str]:
         """Forget the pod; `resource_version` is the removal's (a DELETED event's), if known. Only pods the
         index held leave a tombstone: most deleted pods never asked for a GPU."""
@@ -154,6 +157,7 @@ class PodUsage:
         """The launcher pods of any VMI of this name that hold units, by name."""
         return [self._pods[k] for k in sorted(self._by_vmi.get((namespace, vmi), ()))]
 
+    @writes
     def take_ended(self) -> set[tuple[str, str]]:
         """The VMIs (namespace, name) whose last launcher stopped holding units since the last call."""
         ended, self._ended = self._ended, set()

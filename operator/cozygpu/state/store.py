@@ -9,7 +9,7 @@ alone, the same way for every kind.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -17,6 +17,14 @@ from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def writes(method: F) -> F:
+    """Marks a method that changes the view: none may be reachable from `Cluster`'s public surface (only the
+    door calls them, through the cluster's private mutators); tests/unit/test_layout.py walks it to check."""
+    method.__writes__ = True  # type: ignore[attr-defined]
+    return method
 
 
 class Versioned(Protocol):
@@ -37,6 +45,7 @@ class Store(Generic[K, V]):
         # Read-only for everyone outside the view: writes go through `put` and `pop`.
         self.items: Mapping[K, V] = MappingProxyType(self._items)
 
+    @writes  # a newer version lifts a tombstone
     def news(self, key: K, resource_version: str | None) -> bool:
         """Whether an event of this version may be stored: no echo of a removal, not older than what is held."""
         if self._gone.stale(key, resource_version):
@@ -44,6 +53,7 @@ class Store(Generic[K, V]):
         held = self._versions.get(key)
         return held is None or version(resource_version) >= held
 
+    @writes
     def put(self, key: K, value: V, resource_version: str | None) -> V | None:
         """Store the value at its version; returns what it replaced."""
         old = self._items.get(key)
@@ -51,6 +61,7 @@ class Store(Generic[K, V]):
         self._versions[key] = version(resource_version)
         return old
 
+    @writes
     def pop(self, key: K, removal: str | None = None) -> V | None:
         """Forget the key, leaving a tombstone at the removal's version (or the stored one, if newer)."""
         old = self._items.pop(key, None)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from cozygpu.api import GPUClass, GPUDevice
 from cozygpu.state.capacity import Capacity
 from cozygpu.state.pods import PodUsage, PodUse
+from cozygpu.state.store import writes
 
 SetOf = Callable[[str, str, str], list[GPUDevice]]  # (namespace, vmi, uid) -> the VMI object's set
 
@@ -42,6 +43,7 @@ class Unmanaged:
                 out.append((pod, extra))
         return out
 
+    @writes
     def recount(self, node: str) -> None:
         """Keep the node's unmanaged units current; room that appears is news for waiting devices (§5.5)."""
         if not self._capacity.has_unmanaged(node) and not self._pods.holds_on(node):
@@ -52,6 +54,7 @@ class Unmanaged:
                 now[resource] = now.get(resource, 0) + units
         self._capacity.set_unmanaged(node, now)
 
+    @writes
     def recount_everywhere(self) -> None:
         """A class changed: which resource a set holds may have too (few nodes: those with such pods)."""
         for node in set(self._pods.nodes()) | set(self._capacity.unmanaged_nodes()):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cozygpu.api import GPUDevice, references
-from cozygpu.state.store import Store
+from cozygpu.state.store import Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT
 
 VmiKey = tuple[str, str]  # (namespace, name)
@@ -27,6 +27,7 @@ class Vmis:
         self._names: dict[VmiKey, frozenset[str]] = {}
         self._all_uids: set[str] = set()
 
+    @writes
     def put(self, body: dict[str, Any]) -> VmiKey | None:
         """Store the VMI unless the view holds a newer one or it was removed since; its key if stored."""
         meta = body.get("metadata", {})
@@ -40,6 +41,7 @@ class Vmis:
         self._names[key] = references.device_names(key[1], meta.get("annotations"))
         return key
 
+    @writes
     def pop(self, key: VmiKey, removal: str | None) -> bool:
         """Forget the VMI; whether the view held one of the name."""
         held = key in self.store
