@@ -55,9 +55,9 @@ def private_reaches(source: str, private: set[str]) -> list[str]:
     """Attribute accesses in `source` that reach another object's private name of the view (not `self`'s)."""
     out = []
     for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Attribute) and node.attr in private:
-            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
-                out.append(f"{node.lineno}: {ast.unparse(node)}")
+        own = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+        if isinstance(node, ast.Attribute) and node.attr in private and not own:
+            out.append(f"{node.lineno}: {ast.unparse(node)}")
     return out
 
 
@@ -80,7 +80,7 @@ def writers_on_the_surface(cluster: Any) -> list[str]:
         value = getattr(cluster, name)
         if getattr(getattr(value, "__func__", value), "__writes__", False):
             out.append(f"{name}: a method that writes")
-        elif isinstance(value, MutableMapping) or isinstance(value, (list, set)):
+        elif isinstance(value, (MutableMapping, list, set)):
             out.append(f"{name}: a mutable {type(value).__name__}")
         elif not isinstance(value, Mapping) and not callable(value):
             out.extend(f"{name}.{inner}" for inner in writers_on_the_surface(value))
