@@ -153,6 +153,7 @@ class Operator:
         self.view.subscribe(self.collector.changed, kinds.GPU_DEVICE, kinds.VMI, kinds.GPU_CLASS, kinds.POD)
         self.view.subscribe(self.accountant.changed)
         self.view.subscribe(self.guard.changed, kinds.GPU_CLASS)
+        self.view.subscribe(self.waiters.changed, kinds.GPU_DEVICE)  # an admission hears of its own devices only
         self.view.subscribe(self._wake)
 
     # -- readiness ---------------------------------------------------------
@@ -193,10 +194,9 @@ class Operator:
             self.reservations.seen(change.namespace, change.name)
 
     def _wake(self, change: Change) -> None:
-        """Once synced, any change may let the binder decide and answer a waiting admission."""
+        """Once synced, the binder takes what the change hints at (it wakes only for what it decides on)."""
         if self.synced:
             self.binder.changed(change)
-            self.waiters.notify()
 
     # -- lifecycle -------------------------------------------------------------
 

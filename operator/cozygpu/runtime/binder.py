@@ -85,7 +85,10 @@ class Binder:
 
     def changed(self, change: Change) -> None:
         """A change in the view: a device may be new in the waiting room or carry a request, a class may have
-        gained room or serving nodes; only what it names is decided again."""
+        gained room or serving nodes; only what it names is decided again, and a change that names none of
+        these (a VMI's status, a node's heartbeat, a budget) does not wake the binder at all."""
+        if not (change.room or change.served or (change.kind is kinds.GPU_DEVICE and not change.deleted)):
+            return
         if change.kind is kinds.GPU_DEVICE and not change.deleted:
             key = (change.namespace, change.name)
             self._fresh.add(key)

@@ -302,7 +302,7 @@ class VMIAdmission:
     async def _wait(self, namespace: str, request: BindRequest) -> list[GPUDevice] | None:
         """Until every device carries a result for the request, waking on view changes."""
         deadline = time.monotonic() + self._bind_timeout
-        with self._waiters.waiting() as changed:
+        with self._waiters.waiting((namespace, n) for n in request.devices) as changed:
             while True:
                 changed.clear()
                 devices = [self._cluster.device(namespace, n) for n in request.devices]

@@ -1,29 +1,39 @@
-"""Wake-ups for admissions waiting on the binder: set whenever the view changes.
+"""Wake-ups for admissions waiting on the binder, by the devices each waits for.
 
-The VMI webhook waits for its answer on the watch (through the view), never by
-polling the API: each change to a device notifies every waiter, which re-checks.
+The VMI webhook waits for its answer on the watch (through the view), never by polling
+the API: a change of one of its own devices wakes it to re-check (`changed`, subscribed
+to GPUDevice changes by the Operator); changes of other devices, and of every other kind
+(a VMI's status, a node's heartbeat), wake no waiting admission.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+
+from cozygpu.state.cluster import Change, DeviceKey
 
 
 class Waiters:
     def __init__(self) -> None:
-        self._events: set[asyncio.Event] = set()
+        self._by_device: dict[DeviceKey, set[asyncio.Event]] = {}
 
-    def notify(self) -> None:
-        for event in self._events:
+    def changed(self, change: Change) -> None:
+        for event in self._by_device.get(change.key, ()):
             event.set()
 
     @contextmanager
-    def waiting(self) -> Iterator[asyncio.Event]:
-        event = asyncio.Event()
-        self._events.add(event)
+    def waiting(self, devices: Iterable[DeviceKey]) -> Iterator[asyncio.Event]:
+        """An event set whenever one of these devices changes in the view, for as long as the block runs."""
+        event, keys = asyncio.Event(), set(devices)
+        for key in keys:
+            self._by_device.setdefault(key, set()).add(event)
         try:
             yield event
         finally:
-            self._events.discard(event)
+            for key in keys:
+                events = self._by_device[key]
+                events.discard(event)
+                if not events:
+                    del self._by_device[key]

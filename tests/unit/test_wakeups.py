@@ -1,0 +1,66 @@
+"""Who a change wakes (issue 20 item 3): the binder for what it decides on, an admission for its own devices."""
+
+from __future__ import annotations
+
+from cozygpu.api import kinds
+from cozygpu.runtime.binder import Binder
+from cozygpu.runtime.view import View
+from cozygpu.runtime.waiters import Waiters
+from cozygpu.state.cluster import Change, Cluster
+from tests.builders import A10, cluster, device, gpu_class, node, pod
+
+
+def _binder(c: Cluster) -> tuple[Binder, View]:
+    view = View(c)
+    binder = Binder(c, None, incomplete_after=30, concurrency=4)  # type: ignore[arg-type]  # changed() never writes
+    view.subscribe(binder.changed)
+    return binder, view
+
+
+def test_a_vmi_status_update_wakes_neither_the_binder_nor_a_waiting_admission() -> None:
+    """A VMI's status changes all the time in a cloud; no decision and no admission's answer depends on it."""
+    c = cluster(classes=[gpu_class("a10", A10)], nodes=[node("n1", {A10: 2})], devices=[device("a")])
+    binder, view = _binder(c)
+    waiters = Waiters()
+    view.subscribe(waiters.changed, kinds.GPU_DEVICE)
+    with waiters.waiting([("t1", "a")]) as admission:
+        vmi = {"metadata": {"namespace": "t1", "name": "vm", "uid": "u1", "resourceVersion": "50"}}
+        assert view.apply(kinds.VMI, vmi).stored
+        vmi["metadata"]["resourceVersion"] = "51"
+        assert view.apply(kinds.VMI, vmi).stored
+        assert not binder._wake.is_set()
+        assert not admission.is_set()
+
+
+def test_a_device_change_wakes_the_binder_and_only_the_admissions_waiting_on_that_device() -> None:
+    """The device's own admission re-checks; an admission waiting on another device sleeps on."""
+    c = cluster(classes=[gpu_class("a10", A10)], nodes=[node("n1", {A10: 2})], devices=[device("a"), device("b")])
+    binder, view = _binder(c)
+    waiters = Waiters()
+    view.subscribe(waiters.changed, kinds.GPU_DEVICE)
+    with waiters.waiting([("t1", "a")]) as mine, waiters.waiting([("t1", "b")]) as other:
+        assert view.apply(kinds.GPU_DEVICE, device("a", phase="Pending")).stored
+        assert binder._wake.is_set()
+        assert mine.is_set()
+        assert not other.is_set()
+
+
+def test_units_freed_on_a_node_wake_the_binder_with_the_class_as_hint() -> None:
+    """§5.5: a pod that stops holding units frees room for the class of that resource: the binder wakes for it."""
+    c = cluster(classes=[gpu_class("a10", A10)], nodes=[node("n1", {A10: 2})])
+    binder, view = _binder(c)
+    view.apply(kinds.POD, pod("job", {A10: 2}, node="n1"))
+    binder._wake.clear()
+    change = view.apply(kinds.POD, pod("job", {A10: 2}, node="n1", phase="Succeeded"))
+    assert change.room == {"a10"}
+    assert binder._wake.is_set()
+
+
+def test_a_waiter_leaves_no_trace_once_its_admission_is_answered() -> None:
+    """The waiting room is per admission: once it ends, a change of its device finds nobody to wake."""
+    waiters = Waiters()
+    with waiters.waiting([("t1", "a")]) as event:
+        pass
+    waiters.changed(Change(kinds.GPU_DEVICE, "t1", "a", deleted=False, stored=True))
+    assert not event.is_set()
+    assert waiters._by_device == {}
