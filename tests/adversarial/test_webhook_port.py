@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from cozygpu import tls
-from cozygpu.api import kinds
+from cozygpu.api import hooks, kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
@@ -30,13 +30,7 @@ from tests.helpers import device_status, gpu_device_body, held
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 
-HOOKS = {
-    webhooks.VMI_HOOK: ("kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances"),
-    webhooks.POD_HOOK: ("", "v1", "Pod", "pods"),
-    webhooks.DEVICE_HOOK: ("gpu.cozystack.io", "v1alpha1", "GPUDevice", "gpudevices"),
-    webhooks.CLASS_HOOK: ("gpu.cozystack.io", "v1alpha1", "GPUClass", "gpuclasses"),
-    webhooks.BUDGET_HOOK: ("gpu.cozystack.io", "v1alpha1", "GPUBudget", "gpubudgets"),
-}
+HOOKS = {hook.id: (hook.kind.group, hook.kind.version, hook.kind.kind, hook.kind.plural) for hook in hooks.HOOKS}
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cozygpu.api import kinds
+from cozygpu.api import hooks, kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
@@ -42,13 +42,7 @@ JSON = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
     max_leaves=12,
 )
-HOOK_KINDS = {
-    webhooks.VMI_HOOK: ("kubevirt.io", "v1", "VirtualMachineInstance", "virtualmachineinstances"),
-    webhooks.DEVICE_HOOK: ("gpu.cozystack.io", "v1alpha1", "GPUDevice", "gpudevices"),
-    webhooks.CLASS_HOOK: ("gpu.cozystack.io", "v1alpha1", "GPUClass", "gpuclasses"),
-    webhooks.BUDGET_HOOK: ("gpu.cozystack.io", "v1alpha1", "GPUBudget", "gpubudgets"),
-    webhooks.POD_HOOK: ("", "v1", "Pod", "pods"),
-}
+HOOK_KINDS = {hook.id: (hook.kind.group, hook.kind.version, hook.kind.kind, hook.kind.plural) for hook in hooks.HOOKS}
 FIELDS = [
     (), ("request",), ("request", "uid"), ("request", "dryRun"), ("request", "operation"), ("request", "object"),
     ("request", "oldObject"), ("request", "userInfo"), ("request", "kind"), ("request", "resource"),

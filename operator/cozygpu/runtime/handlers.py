@@ -14,8 +14,8 @@ from typing import Any, cast
 import kopf
 from kopf._core.reactor import inventory  # kopf keeps its memories' type private
 
-from cozygpu.api.names import GROUP, KUBEVIRT_GROUP, KUBEVIRT_VERSION, VERSION
-from cozygpu.runtime import leadership, webhooks
+from cozygpu.api import hooks
+from cozygpu.runtime import leadership
 from cozygpu.runtime.app import Operator
 from cozygpu.settings import Settings
 
@@ -69,25 +69,30 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     if operator.settings.webhook_mode == "off":
         return
 
-    @kopf.on.mutate(KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachineinstances", id=webhooks.VMI_HOOK,
-                    registry=registry, operations=["CREATE"], side_effects=True)  # fmt: skip
+    def target(hook: hooks.Hook) -> dict[str, Any]:
+        """Where kopf serves the hook and what it admits, from the one table (api.hooks)."""
+        kind = hook.kind
+        return {"group": kind.group, "version": kind.version, "plural": kind.plural, "id": hook.id,
+                "operations": list(hook.operations), "registry": registry}  # fmt: skip
+
+    @kopf.on.mutate(**target(hooks.VMI), side_effects=True)
     async def vmi(body: kopf.Body, patch: kopf.Patch, dryrun: bool, **_: Any) -> None:
         await operator.gate.mutate_vmi(_raw(body), patch, dryrun)
 
-    @kopf.on.mutate("", "v1", "pods", id=webhooks.POD_HOOK, registry=registry, operations=["CREATE"])
+    @kopf.on.mutate(**target(hooks.POD))
     async def pod(body: kopf.Body, patch: kopf.Patch, userinfo: kopf.UserInfo, **_: Any) -> None:
         operator.gate.mutate_pod(_raw(body), patch, str(userinfo.get("username", "")))
 
-    @kopf.on.validate(GROUP, VERSION, "gpudevices", id=webhooks.DEVICE_HOOK, registry=registry)
+    @kopf.on.validate(**target(hooks.DEVICE))
     async def gpudevice(userinfo: kopf.UserInfo, dryrun: bool, **kw: Any) -> None:
         user = str(userinfo.get("username", ""))
         await operator.gate.validate_device(kw["operation"], _raw(kw["new"]), _raw(kw["old"]), user, dryrun)
 
-    @kopf.on.validate(GROUP, VERSION, "gpuclasses", id=webhooks.CLASS_HOOK, registry=registry)
+    @kopf.on.validate(**target(hooks.CLASS))
     async def gpuclass(**kw: Any) -> None:
         operator.gate.validate_class(kw["operation"], _raw(kw["new"]), _raw(kw["old"]))
 
-    @kopf.on.validate(GROUP, VERSION, "gpubudgets", id=webhooks.BUDGET_HOOK, registry=registry)
+    @kopf.on.validate(**target(hooks.BUDGET))
     async def gpubudget(warnings: list[str], **kw: Any) -> None:
         operator.gate.validate_budget(_raw(kw["new"]), warnings)
 

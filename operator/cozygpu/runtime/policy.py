@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from cozygpu.api import hooks
 from cozygpu.api.names import ANNOTATION_ADMITTED, ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
 
 NAME = "cozy-gpu-operator-no-bypass"
@@ -77,15 +78,8 @@ def policy(controller_user: str) -> dict[str, Any]:
             # A core kind, not GPUClass: see `parameter` and the module's docstring.
             "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
             "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": ["kubevirt.io"],
-                        "apiVersions": ["v1"],
-                        "resources": ["virtualmachineinstances"],
-                        "operations": ["CREATE"],
-                    },
-                    {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "operations": ["CREATE"]},
-                ],
+                # What the VMI and pod webhooks admit (api.hooks): the policy guards what they would miss.
+                "resourceRules": [hooks.VMI.rule(), hooks.POD.rule()],
             },
             "variables": [
                 {
@@ -93,7 +87,7 @@ def policy(controller_user: str) -> dict[str, Any]:
                     "expression": f"has(params.data) && has(params.data.{RESOURCES_KEY}) && "
                     f"params.data.{RESOURCES_KEY} != '' ? params.data.{RESOURCES_KEY}.split(',') : []",
                 },
-                {"name": "isVMI", "expression": "request.resource.resource == 'virtualmachineinstances'"},
+                {"name": "isVMI", "expression": f"request.resource.resource == '{hooks.VMI.kind.plural}'"},
                 # The managed resources the object asks for; each evaluated only for its own kind.
                 {"name": "vmiAsks", "expression": f"variables.managed.filter(r, {vmi_asks})"},
                 {"name": "podAsks", "expression": f"variables.managed.filter(r, {pod_asks})"},

@@ -22,26 +22,21 @@ import kopf
 import structlog
 
 from cozygpu import tls
+from cozygpu.api import hooks
 from cozygpu.api.names import (
     GROUP,
     KUBEVIRT_DEVICES,
-    KUBEVIRT_GROUP,
-    KUBEVIRT_VERSION,
     LABEL_DEVICE_REFERENCE,
     LABEL_KUBEVIRT,
     LAUNCHER,
     TRUE,
-    VERSION,
 )
 
 CONFIGURATION_NAME = "cozy-gpu-operator"
 
-# Handler ids; kopf serves each at /<id>.
-VMI_HOOK = "vmi"
-DEVICE_HOOK = "gpudevice"
-CLASS_HOOK = "gpuclass"
-BUDGET_HOOK = "gpubudget"
-POD_HOOK = "pod"
+# Handler ids (api.hooks, the one table); kopf serves each at /<id>.
+VMI_HOOK, POD_HOOK = hooks.VMI.id, hooks.POD.id
+DEVICE_HOOK, CLASS_HOOK, BUDGET_HOOK = hooks.DEVICE.id, hooks.CLASS.id, hooks.BUDGET.id
 
 LAUNCHER_SELECTOR = {LABEL_KUBEVIRT: LAUNCHER}
 
@@ -64,7 +59,7 @@ ASKS_EXTENDED = (
 # admission reserves is keyed by it (§7.4), and every log line of the review names it.
 REVIEW_UID: contextvars.ContextVar[str] = contextvars.ContextVar("cozygpu_review_uid", default="")
 
-HOOKS = frozenset({VMI_HOOK, DEVICE_HOOK, CLASS_HOOK, BUDGET_HOOK, POD_HOOK})
+HOOKS = frozenset(hook.id for hook in hooks.HOOKS)
 # What the API server may send: etcd stores objects up to 1.5 MiB, and a review carries the object and
 # its old version; aiohttp's default would cut bodies at 1 MiB.
 MAX_REVIEW_BYTES = 4 * 1024 * 1024
@@ -180,14 +175,8 @@ def _client(url: str, hook: str, ca_bundle: bytes) -> dict[str, Any]:
     return {"url": f"{url}/{hook}", "caBundle": base64.b64encode(ca_bundle).decode()}
 
 
-def _rule(group: str, version: str, resource: str, operations: list[str]) -> dict[str, Any]:
-    return {
-        "apiGroups": [group],
-        "apiVersions": [version],
-        "resources": [resource],
-        "operations": operations,
-        "scope": "*",
-    }
+def _rule(hook: hooks.Hook) -> dict[str, Any]:
+    return {**hook.rule(), "scope": "*"}
 
 
 def not_from(username: str) -> list[dict[str, str]]:
@@ -212,7 +201,7 @@ def configurations(
             {
                 "name": f"vmi.{GROUP}",
                 "clientConfig": _client(url, VMI_HOOK, ca_bundle),
-                "rules": [_rule(KUBEVIRT_GROUP, KUBEVIRT_VERSION, "virtualmachineinstances", ["CREATE"])],
+                "rules": [_rule(hooks.VMI)],
                 # Only VMIs with device references wait on the operator (§10).
                 "objectSelector": {"matchLabels": {LABEL_DEVICE_REFERENCE: TRUE}},
                 "reinvocationPolicy": "IfNeeded",
@@ -224,7 +213,7 @@ def configurations(
                 # §12.2: the pin that holds is on the pod, which KubeVirt cannot rewrite once created.
                 "name": f"pod.{GROUP}",
                 "clientConfig": _client(url, POD_HOOK, ca_bundle),
-                "rules": [_rule("", "v1", "pods", ["CREATE"])],
+                "rules": [_rule(hooks.POD)],
                 "objectSelector": {"matchLabels": dict(LAUNCHER_SELECTOR)},
                 "matchConditions": [{"name": "asks-for-an-extended-resource", "expression": ASKS_EXTENDED}],
                 "reinvocationPolicy": "IfNeeded",
@@ -240,15 +229,16 @@ def configurations(
         "metadata": {"name": CONFIGURATION_NAME},
         "webhooks": [
             {
-                "name": f"{hook}.{GROUP}",
-                "clientConfig": _client(url, hook, ca_bundle),
-                "rules": [_rule(GROUP, VERSION, plural, ["CREATE", "UPDATE"])],
+                "name": f"{hook.id}.{GROUP}",
+                "clientConfig": _client(url, hook.id, ca_bundle),
+                "rules": [_rule(hook)],
                 "matchConditions": not_from(operator_user),
                 "sideEffects": "None",
                 "timeoutSeconds": min(seconds, 10),
                 **common,
             }
-            for hook, plural in ((DEVICE_HOOK, "gpudevices"), (CLASS_HOOK, "gpuclasses"), (BUDGET_HOOK, "gpubudgets"))
+            for hook in hooks.HOOKS
+            if not hook.mutating
         ],
     }
     return mutating, validating

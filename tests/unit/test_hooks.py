@@ -1,0 +1,31 @@
+"""One table of webhook targets (api.hooks): the configurations and the no-bypass policy derive from it."""
+
+from __future__ import annotations
+
+from cozygpu.api import hooks
+from cozygpu.runtime import policy, webhooks
+
+
+def test_each_hook_is_registered_once_at_its_path_for_its_kind_and_operations() -> None:
+    """§3, §9, §12: the dev registration names every hook of the table, nothing more, with the table's rule."""
+    mutating, validating = webhooks.configurations("https://op", b"ca", 20, "system:serviceaccount:x:op")
+    served = {
+        w["clientConfig"]["url"].removeprefix("https://op/"): (config["kind"], w["rules"])
+        for config in (mutating, validating)
+        for w in config["webhooks"]
+    }
+    assert served == {
+        hook.id: (
+            "MutatingWebhookConfiguration" if hook.mutating else "ValidatingWebhookConfiguration",
+            [{**hook.rule(), "scope": "*"}],
+        )
+        for hook in hooks.HOOKS
+    }
+    assert webhooks.HOOKS == {hook.id for hook in hooks.HOOKS}
+
+
+def test_the_no_bypass_policy_guards_what_the_vmi_and_pod_hooks_admit() -> None:
+    """§12.3: the policy matches exactly the VMI and pod creates the mutating hooks see, by the same rules."""
+    rules = policy.policy("system:serviceaccount:kubevirt:kubevirt-controller")["spec"]["matchConstraints"]
+    assert rules["resourceRules"] == [hooks.VMI.rule(), hooks.POD.rule()]
+    assert [h.kind.plural for h in hooks.HOOKS if h.mutating] == ["virtualmachineinstances", "pods"]
