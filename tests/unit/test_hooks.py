@@ -21,7 +21,7 @@ def test_each_hook_is_registered_once_at_its_path_for_its_kind_and_operations() 
         )
         for hook in hooks.HOOKS
     }
-    assert webhooks.HOOKS == {hook.id for hook in hooks.HOOKS}
+    assert {hook.id for hook in hooks.HOOKS} == webhooks.HOOKS
 
 
 def test_the_no_bypass_policy_guards_what_the_vmi_and_pod_hooks_admit() -> None:
