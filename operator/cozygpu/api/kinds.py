@@ -1,10 +1,10 @@
 """The one table of the API resources the operator and its tools talk to, by kind.
 
-A `Kind` is everything the adapter needs to build a URL (no discovery round trip) and
-kopf needs to watch it. `WATCHED` names the kinds kopf watches for the view: kopf's registration
-(runtime.handlers), the view's stores (state.cluster), the resync (runtime.resync)
-and the adapter all read them from here; `VIEWED` adds what the operator watches on
-its own.
+A `Kind` is everything the adapter needs to build a URL (no discovery round trip), and the
+key the view's stores, its `Change`s and its subscriptions are kept by (state.cluster,
+runtime.view). `WATCHED` names the kinds the operator's own informers (runtime.informer)
+list and watch for the view, the resync (runtime.resync) included; `VIEWED` adds the
+launcher pods runtime.podwatch feeds it. kopf watches nothing (runtime.handlers).
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ SUBJECT_ACCESS_REVIEW = kind("SubjectAccessReview")
 # deletion, and the collector would release the devices attached to it (§6). The view keeps a
 # VMI's uid only.
 WATCHED: tuple[Kind, ...] = (GPU_CLASS, GPU_DEVICE, GPU_BUDGET, GPU_NODE, NODE, NAMESPACE, KUBEVIRT, VMI)
-# Every kind the view keeps. Pods are not kopf's to watch: kopf cannot select on the server, and a
+# Every kind the view keeps. Pods are not watched like the rest: no server-side selector finds them all, and a
 # watch of every pod of a GPU cloud is what §13 forbids. runtime.podwatch watches launcher pods by
 # label and finds the rest (pods that predate the no-bypass policy, §12) by a periodic paged list.
 VIEWED: tuple[Kind, ...] = (*WATCHED, POD)
