@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cozygpu.api import kinds
+from cozygpu.runtime.accountant import Accountant
 from cozygpu.runtime.binder import Binder
 from cozygpu.runtime.view import View
 from cozygpu.runtime.waiters import Waiters
@@ -17,18 +18,23 @@ def _binder(c: Cluster) -> tuple[Binder, View]:
     return binder, view
 
 
-def test_a_vmi_status_update_wakes_neither_the_binder_nor_a_waiting_admission() -> None:
-    """A VMI's status changes all the time in a cloud; no decision and no admission's answer depends on it."""
+def test_a_vmi_status_update_wakes_no_worker_and_no_waiting_admission() -> None:
+    """A VMI's status changes all the time in a cloud; no decision, status or admission's answer depends on it."""
     c = cluster(classes=[gpu_class("a10", A10)], nodes=[node("n1", {A10: 2})], devices=[device("a")])
     binder, view = _binder(c)
+    accountant = Accountant(c, None)  # type: ignore[arg-type]  # changed() never writes
+    view.subscribe(accountant.changed)
     waiters = Waiters()
     view.subscribe(waiters.changed, kinds.GPU_DEVICE)
+    vmi = {"metadata": {"namespace": "t1", "name": "vm", "uid": "u1", "resourceVersion": "50"}}
+    assert view.apply(kinds.VMI, vmi).stored  # a new VMI: its uid is news for the collector (§6)
     with waiters.waiting([("t1", "a")]) as admission:
-        vmi = {"metadata": {"namespace": "t1", "name": "vm", "uid": "u1", "resourceVersion": "50"}}
-        assert view.apply(kinds.VMI, vmi).stored
         vmi["metadata"]["resourceVersion"] = "51"
-        assert view.apply(kinds.VMI, vmi).stored
+        vmi["status"] = {"phase": "Running"}
+        assert not view.apply(kinds.VMI, vmi).stored
+        assert c.stored_version(kinds.VMI, ("t1", "vm")) == 51  # a resync skips it unread all the same
         assert not binder._wake.is_set()
+        assert not accountant._wake.is_set()
         assert not admission.is_set()
 
 

@@ -47,6 +47,9 @@ class Accountant:
         self._classes: set[str] = set()
 
     def changed(self, change: Change) -> None:
+        """What the change names may show anew in a GPUNode's or a budget's status (§8, §9); nothing else wakes."""
+        if not (change.all_nodes or change.nodes or change.namespaces or change.kind is kinds.GPU_CLASS):
+            return
         if change.all_nodes:
             self._nodes |= set(self._cluster.nodes)
         if change.kind is kinds.GPU_CLASS:

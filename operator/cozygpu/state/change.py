@@ -17,7 +17,8 @@ DeviceKey = tuple[str, str]  # (namespace, name)
 class Change:
     """What one event, list item or write's response did to the view; the workers that care subscribe.
 
-    `stored` is False when the view ignored it (older than what it holds, a removed object's echo).
+    `stored` is False when the view ignored it (older than what it holds, a removed object's echo) or it
+    changed nothing the view keeps (a VMI's status: only its uid and references are kept).
     `nodes` and `namespaces` name where derived status may differ now (GPUNode §8, budget use §9);
     `all_nodes` when a class changed, since any node may serve it or stop serving it. `room` names the
     classes where a waiting device may fit now (units freed, a node started serving, §5.5); `served` the

@@ -29,16 +29,19 @@ class Vmis:
 
     @writes
     def put(self, body: dict[str, Any]) -> VmiKey | None:
-        """Store the VMI unless the view holds a newer one or it was removed since; its key if stored."""
+        """Store the VMI unless the view holds a newer one or it was removed since; its key if what the view keeps
+        of it (uid, references) changed. A status update, the bulk of a VMI's events, changes neither."""
         meta = body.get("metadata", {})
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if not self.store.news(key, meta.get("resourceVersion")):
             return None
-        self._all_uids.discard(self.store.get(key) or "")
-        uid = meta.get("uid", "")
-        self.store.put(key, uid, meta.get("resourceVersion"))
+        uid, names = meta.get("uid", ""), references.device_names(key[1], meta.get("annotations"))
+        old = self.store.put(key, uid, meta.get("resourceVersion"))
+        if old == uid and self._names.get(key) == names:
+            return None
+        self._all_uids.discard(old or "")
         self._all_uids.add(uid)
-        self._names[key] = references.device_names(key[1], meta.get("annotations"))
+        self._names[key] = names
         return key
 
     @writes
