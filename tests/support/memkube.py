@@ -35,12 +35,19 @@ class _Failure:
     landed: bool  # the call takes effect and then fails: an unknown outcome for the caller
 
 
+@dataclass
+class _Meanwhile:
+    effect: Callable[[], object]
+    method: str
+
+
 class MemKube:
     def __init__(self) -> None:
         self._objects: dict[Key, Body] = {}
         self._versions = itertools.count(1)
         self._uids = itertools.count(1)
         self._failures: list[_Failure] = []
+        self._meanwhile: list[_Meanwhile] = []
         self.calls: list[tuple[str, str, str]] = []  # (method, kind, name): what the tests count
 
     # -- the tests' hands ----------------------------------------------------
@@ -49,9 +56,17 @@ class MemKube:
         """The next call (of `method`, if given) raises `error`; with `landed`, after it took effect."""
         self._failures.append(_Failure(error, method, landed))
 
+    def before_next(self, method: str, effect: Callable[[], object]) -> None:
+        """Run `effect` (someone else's write, say) just before the next call of `method`: a race lost."""
+        self._meanwhile.append(_Meanwhile(effect, method))
+
     def put(self, kind: Kind, body: Body) -> Body:
         """Store an object as if someone else created it (no call recorded)."""
         return self._create(kind, body)
+
+    def change(self, kind: Kind, body: Body, *, status: bool = False) -> Body:
+        """Replace an object as someone else would, under the API's rules (no call recorded)."""
+        return self._replace(kind, body, status=status)
 
     def stored(self, kind: Kind, name: str, namespace: str = "") -> Body | None:
         found = self._objects.get(self._key(kind, name, namespace))
@@ -127,6 +142,10 @@ class MemKube:
 
     def _call(self, method: str, kind: Kind, name: str, effect: Callable[[], T]) -> T:
         self.calls.append((method, kind.kind, name))
+        meanwhile = next((m for m in self._meanwhile if m.method == method), None)
+        if meanwhile is not None:
+            self._meanwhile.remove(meanwhile)
+            meanwhile.effect()
         failure = next((f for f in self._failures if f.method in (None, method)), None)
         if failure is None:
             return effect()
@@ -155,7 +174,9 @@ class MemKube:
         ]
 
     def _create(self, kind: Kind, body: Body, *, dry_run: bool = False) -> Body:
-        meta = body.get("metadata") or {}
+        meta = dict(body.get("metadata") or {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{next(self._uids)}"
         key = self._key(kind, str(meta.get("name") or ""), meta.get("namespace"))
         if not key[2]:
             raise Invalid(422, "Invalid", f"{kind.kind}: metadata.name is required")
