@@ -52,10 +52,10 @@ def _meanwhile(view: View, body: dict[str, Any], call: Any) -> None:
 def test_a_read_finding_nothing_leaves_an_object_of_the_name_that_arrived_meanwhile(
     writer: tuple[Writer, View], kube: Kube, namespace: str, gpu: Gpu
 ) -> None:
-    """refresh: the GET finds no object; a create's response for the name lands meanwhile: the view keeps it."""
+    """read: the GET finds no object; a create's response for the name lands meanwhile: the view keeps it."""
     w, view = writer
     body = gpu_device_body("d", namespace, gpu.cls)
-    _meanwhile(view, _newer(body), w.refresh(kinds.GPU_DEVICE, "d", namespace))
+    _meanwhile(view, _newer(body), w.read(kinds.GPU_DEVICE, "d", namespace))
     kept = view.cluster.device(namespace, "d")
     assert kept is not None and kept.metadata.uid == "another-object"
 
@@ -81,5 +81,5 @@ def test_what_the_view_held_when_asked_is_forgotten(
     old = kube.create(kinds.GPU_DEVICE, gpu_device_body("d", namespace, gpu.cls))
     view.apply(kinds.GPU_DEVICE, old)
     kube.delete(kinds.GPU_DEVICE, "d", namespace)
-    asyncio.run(w.refresh(kinds.GPU_DEVICE, "d", namespace))
+    asyncio.run(w.read(kinds.GPU_DEVICE, "d", namespace))
     assert view.cluster.device(namespace, "d") is None

@@ -122,3 +122,12 @@ def test_only_the_writer_writes_the_views_kinds() -> None:
     """Workers write GPUDevices, GPUClasses, GPUBudgets and GPUNodes through runtime.writes, whose response
     goes into the view; a direct adapter write would leave the view behind the API."""
     assert offenders(_WRITES_OUR_KINDS, "writes.py") == []
+
+
+# A fresh adapter read of one of the kinds the view holds (ours, and the VMIs the webhook reads).
+_READS_OUR_KINDS = re.compile(r"kube\.(get|get_or_none|list)\(kinds\.(GPU_|VMI\b)")
+
+
+def test_only_the_writer_reads_the_views_kinds_fresh() -> None:
+    """Issue 20 item 4: a fresh read goes through `Writer.read`, so what it finds reaches the view too."""
+    assert offenders(_READS_OUR_KINDS, "writes.py") == []

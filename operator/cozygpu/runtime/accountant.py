@@ -20,7 +20,7 @@ from cozygpu.decisions.budgets import covering_budgets
 from cozygpu.decisions.nodestatus import gpunode_status
 from cozygpu.decisions.usestatus import ClassTotals, budget_status
 from cozygpu.kube.adapter import ApiError
-from cozygpu.runtime.writes import Writer
+from cozygpu.runtime.writes import State, Writer
 from cozygpu.state.cluster import Change, Cluster
 
 log = structlog.get_logger("cozygpu.accountant")
@@ -120,19 +120,21 @@ class Accountant:
         status = gpunode_status(self._cluster, name, existing.status.conditions if existing else [], utcnow())
         if status is None:
             if existing is not None:
-                await self._writer.delete(kinds.GPU_NODE, name, uid=existing.metadata.uid, at_once=True)
+                outcome = await self._writer.delete(kinds.GPU_NODE, name, uid=existing.metadata.uid, at_once=True)
+                if outcome.state is State.CONFLICT:  # another object of the name now: looked at again
+                    self._retry.add(name)
+                    return
                 log.info("gpunode.deleted", node=name)
             return
         if existing is None:
-            body = await self._writer.create(
-                kinds.GPU_NODE,
-                {"apiVersion": API_VERSION, "kind": "GPUNode", "metadata": {"name": name}},
-                existing_ok=True,
+            # Made meanwhile (a CONFLICT): the one there is read into the view and brought up to date here.
+            outcome = await self._writer.create(
+                kinds.GPU_NODE, {"apiVersion": API_VERSION, "kind": "GPUNode", "metadata": {"name": name}}
             )
-            if body is None:
+            if outcome.body is None:
                 self._retry.add(name)
                 return
-            existing = GPUNode.from_wire(body)
+            existing = GPUNode.from_wire(outcome.body)
             log.info("gpunode.created", node=name)
         wanted = existing.model_copy(update={"status": status})
         if _comparable(wanted) == _comparable(existing):

@@ -95,7 +95,6 @@ class Operator:
         )
         self.vmis = VMIAdmission(
             self.cluster,
-            self.kube,
             self.waiters,
             self.reservations,
             bind_timeout=settings.bind_timeout,
@@ -187,7 +186,8 @@ class Operator:
     # -- events --------------------------------------------------------------
 
     async def _device_exists(self, namespace: str, name: str) -> bool:
-        return await self.kube.get_or_none(kinds.GPU_DEVICE, name, namespace) is not None
+        # Through the writer: what the fresh read finds reaches the view too (issue 20 item 4).
+        return (await self.writer.read(kinds.GPU_DEVICE, name, namespace)).body is not None
 
     def _device_seen(self, change: Change) -> None:
         if not change.deleted:

@@ -22,9 +22,9 @@ from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import FINALIZER_IN_USE, KUBEVIRT_API_VERSION
 from cozygpu.decisions import lifecycle
 from cozygpu.decisions.lifecycle import Action, Do
-from cozygpu.kube.adapter import ApiError, Conflict
+from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.events import Recorder
-from cozygpu.runtime.writes import Writer
+from cozygpu.runtime.writes import State, Writer
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
 
 log = structlog.get_logger("cozygpu.collector")
@@ -157,17 +157,15 @@ class Collector:
             if target is not None:  # None: dropping the finalizer already finished a deletion
                 # Gone before we got to it (the view missed it in a watch gap): the writer forgets it. Under the
                 # version decided on: an admission reusing the device meanwhile (a quick restart) wins.
-                try:
-                    await self._writer.delete(
-                        kinds.GPU_DEVICE,
-                        target.name,
-                        namespace,
-                        uid=target.metadata.uid,
-                        resource_version=target.metadata.resource_version,
-                    )
-                except Conflict:
-                    await self._writer.refresh(kinds.GPU_DEVICE, target.name, namespace)
-                    raise _Raced from None
+                outcome = await self._writer.delete(
+                    kinds.GPU_DEVICE,
+                    target.name,
+                    namespace,
+                    uid=target.metadata.uid,
+                    resource_version=target.metadata.resource_version,
+                )
+                if outcome.state is State.CONFLICT:
+                    raise _Raced
             self._events.post(device, "Released", f"deleted: {action.reason}")
             return None
         if action.do in METADATA:

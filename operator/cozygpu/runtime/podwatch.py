@@ -111,7 +111,7 @@ class PodWatch:
                 if held is None or held.vmi is not None:
                     continue
                 try:
-                    await self._writer.refresh(kinds.POD, name, namespace)  # into the view, or forgotten
+                    await self._writer.read(kinds.POD, name, namespace)  # into the view, or forgotten
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # the API or the network: read again next time

@@ -1,9 +1,10 @@
 """The VMI admission executor (§3, §4): checks, then the bind, then the patch.
 
 Called by the mutating webhook handler (runtime.handlers) for CREATE of VMIs with
-the device-reference label. Referenced devices are read fresh from the API; the
-rest comes from the view. A refusal after any write undoes exactly what this call
-wrote before it answers; what it cannot undo, the garbage collector clears (§6).
+the device-reference label. Referenced devices and the VMI's name are read fresh
+from the API through the writer, into the view; the rest comes from the view. A
+refusal after any write undoes exactly what this call wrote before it answers;
+what it cannot undo, the garbage collector clears (§6).
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from cozygpu.api.names import FINALIZER_IN_USE, LABEL_DEVICE_REFERENCE, TRUE, te
 from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions import admission, budgets
 from cozygpu.decisions.admission import Member
-from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict
+from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.reservations import Reservations
 from cozygpu.runtime.waiters import Waiters
-from cozygpu.runtime.writes import Writer
+from cozygpu.runtime.writes import Outcome, State, Writer
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.webhook")
@@ -60,7 +61,6 @@ class VMIAdmission:
     def __init__(
         self,
         cluster: Cluster,
-        kube: AsyncKube,
         waiters: Waiters,
         reservations: Reservations,
         *,
@@ -73,7 +73,6 @@ class VMIAdmission:
         calls_in_flight: int = 4,
     ) -> None:
         self._cluster = cluster
-        self._kube = kube
         self._waiters = waiters
         self._reservations = reservations
         self._bind_timeout = bind_timeout
@@ -174,11 +173,14 @@ class VMIAdmission:
     # -- §3.3, §3.4: fresh reads ---------------------------------------------
 
     async def _get(self, namespace: str, name: str) -> GPUDevice | None:
+        return _device((await self._read(kinds.GPU_DEVICE, namespace, name)).body)
+
+    async def _read(self, kind: kinds.Kind, namespace: str, name: str) -> Outcome:
+        """A fresh read through the writer, so what it finds reaches the view too (issue 20 item 4)."""
         try:
-            body = await self._kube.get_or_none(kinds.GPU_DEVICE, name, namespace)
+            return await self._writer.read(kind, name, namespace)
         except ApiError as e:
-            raise InternalError(f"reading GPUDevice {namespace}/{name}: {e.message}") from None
-        return GPUDevice.from_wire(body) if body is not None else None
+            raise InternalError(f"reading {kind.kind} {namespace}/{name}: {e.message}") from None
 
     async def _resolve(self, namespace: str, vmi: str, refs: list[references.Ref]) -> list[Member]:
         names = [r.name if isinstance(r, HeldRef) else template_device_name(vmi, i) for i, r in enumerate(refs)]
@@ -238,12 +240,10 @@ class VMIAdmission:
         async def create(m: Member) -> Member:
             if not m.create:
                 return m
-            try:
-                body = await self._writer.create(kinds.GPU_DEVICE, m.device.wire())
-            except AlreadyExists:
-                raise Refusal(f"GPUDevice {m.device.name} was created by another admission at the same time") from None
-            assert body is not None
-            created = GPUDevice.from_wire(body)
+            outcome = await self._writer.create(kinds.GPU_DEVICE, m.device.wire())
+            if not outcome.written or outcome.body is None:  # the name is taken (or was, a moment ago)
+                raise Refusal(f"GPUDevice {m.device.name} was created by another admission at the same time")
+            created = GPUDevice.from_wire(outcome.body)
             writes.created.append(created)
             return Member(created, m.cls, m.index, template=True, create=False)
 
@@ -276,7 +276,7 @@ class VMIAdmission:
                 kinds.GPU_DEVICE, current.model_copy(update={"status": status}).wire()
             )
             if not outcome.written:  # someone wrote first: decide again on what they wrote
-                current = GPUDevice.from_wire(outcome.body) if outcome.body is not None else None
+                current = _device(outcome.body)
                 continue
             writes.requested.append(device.name)
             if attaching:
@@ -287,10 +287,7 @@ class VMIAdmission:
     async def _read_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The VMI of this name fresh from the API: the view may not have heard of its creation, or of its
         deletion (a restart creates the name again at once)."""
-        try:
-            return await self._kube.get_or_none(kinds.VMI, name, namespace)
-        except ApiError as e:
-            raise InternalError(f"reading VirtualMachineInstance {namespace}/{name}: {e.message}") from None
+        return (await self._read(kinds.VMI, namespace, name)).body
 
     async def _vmi_named(self, namespace: str, name: str) -> bool:
         return await self._read_vmi(namespace, name) is not None
@@ -344,24 +341,25 @@ class VMIAdmission:
         """Delete a template device this call made, unless a concurrent create of the same VMI name took it
         over (issue 12 item 7); read fresh and deleted under its resourceVersion, so a takeover racing the
         delete makes it fail and decide again."""
+        current = await self._get(namespace, created.name)
         for _ in range(CONFLICT_RETRIES):
-            current = await self._get(namespace, created.name)
             if current is None or current.metadata.uid != created.metadata.uid:
                 return
             if admission.taken_over(current, request_id):
                 log.info("vmi.undo.left", device=created.name, request_id=request_id)
                 return
-            try:
-                await self._writer.delete(
-                    kinds.GPU_DEVICE,
-                    created.name,
-                    namespace,
-                    uid=created.metadata.uid,
-                    resource_version=current.metadata.resource_version,
-                )
-            except Conflict:
+            outcome = await self._writer.delete(
+                kinds.GPU_DEVICE,
+                created.name,
+                namespace,
+                uid=created.metadata.uid,
+                resource_version=current.metadata.resource_version,
+            )
+            if outcome.state is State.CONFLICT:  # written meanwhile: decide again on the writer's fresh read
+                current = _device(outcome.body)
                 continue
-            await self._release(namespace, created)
+            if outcome.state is State.LANDED:  # GONE: gone already, with no finalizer to release
+                await self._release(namespace, created)
             log.info("vmi.undo.deleted", device=created.name)
             return
         # Written to all the while: what is left, the garbage collector clears after the grace period (§6.3).
@@ -370,27 +368,30 @@ class VMIAdmission:
     async def _release(self, namespace: str, created: GPUDevice) -> None:
         """Drop the in-use finalizer from a template device this call deleted: the collector may have added it
         meanwhile (it records the VMI of the name that names it, which may be another call's), and would keep it."""
+        current = await self._get(namespace, created.name)
         for _ in range(CONFLICT_RETRIES):
-            current = await self._get(namespace, created.name)
             if current is None or current.metadata.uid != created.metadata.uid:
                 return
             if FINALIZER_IN_USE not in current.metadata.finalizers:
                 return
             kept = [f for f in current.metadata.finalizers if f != FINALIZER_IN_USE]
             dropped = current.model_copy(update={"metadata": current.metadata.model_copy(update={"finalizers": kept})})
-            if (await self._writer.replace(kinds.GPU_DEVICE, dropped.wire())).written:
+            outcome = await self._writer.replace(kinds.GPU_DEVICE, dropped.wire())
+            if outcome.written:
                 return
+            current = _device(outcome.body)  # someone wrote first: the writer's fresh read
 
     async def _clear(self, namespace: str, name: str, vmi: str, request_id: str, attached_by_us: bool) -> None:
+        current = await self._get(namespace, name)
         for _ in range(CONFLICT_RETRIES):
-            current = await self._get(namespace, name)
             if current is None:
                 return
             undone = admission.undone(current, vmi, request_id, attached_by_us)
             if undone is None:
                 return
             outcome = await self._writer.replace_status(kinds.GPU_DEVICE, undone.wire())
-            if not outcome.written:
+            if not outcome.written:  # someone wrote first: decide again on the writer's fresh read
+                current = _device(outcome.body)
                 continue
             log.info("vmi.undo.cleared", device=name, request_id=request_id)
             return
@@ -410,6 +411,10 @@ async def gather_bounded(calls: Iterable[Awaitable[T]], limit: int) -> list[T]:
         if isinstance(result, BaseException):
             raise result
     return [r for r in results if not isinstance(r, BaseException)]
+
+
+def _device(body: dict[str, Any] | None) -> GPUDevice | None:
+    return GPUDevice.from_wire(body) if body is not None else None
 
 
 def _ms(started: float) -> float:

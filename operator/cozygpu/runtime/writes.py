@@ -1,16 +1,20 @@
-"""The one writer: every API write the operator's workers make to the objects the view holds.
+"""The one writer: every API write the operator's workers make to the objects the view holds, and their fresh reads.
 
 The binder, the collector, the accountant and the VMI webhook call it. Each write
 goes out under the object's resourceVersion, and its response goes into the view
-through the one door (runtime.view), which tells the subscribed workers. There is
-one conflict policy: on a Conflict or NotFound, read the object fresh and put that
-in the view (or forget it), and tell the caller it did not write. The binder's
-decisions in flight (assumptions, §13.1) are settled here too, in the same step as
-the API's version goes in, so no one sees the view without either.
+through the one door (runtime.view), which tells the subscribed workers. Every call
+answers with one `Outcome` (issue 20 item 4), under one conflict policy: a write that
+did not land (Conflict, NotFound, AlreadyExists, a failed precondition) is followed by
+one fresh read, which goes into the view (or makes it forget the object) and is the
+outcome's body, so a caller decides again on it without reading it again. Any other
+failure is an unknown outcome and is raised. The binder's decisions in flight
+(assumptions, §13.1) are settled here too, in the same step as the API's version goes
+in, so no one sees the view without either.
 """
 
 from __future__ import annotations
 
+import enum
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,14 +34,25 @@ CRASHED = 75  # the exit status of an injected crash (tests/reliability)
 Body = dict[str, Any]
 
 
+class State(enum.Enum):
+    LANDED = "landed"  # our write landed: the body is the API's answer (None for a delete)
+    CURRENT = "current"  # a read found the object: the body is the API's version
+    CONFLICT = "conflict"  # someone wrote first, or the name is taken: the body is a fresh read
+    GONE = "gone"  # the API has no object of the name: the view forgot what it held of it
+    UNKNOWN = "unknown"  # an assumed device's fresh read failed: it stays counted until `recheck`
+
+
 @dataclass(frozen=True)
 class Outcome:
-    """`written`: our write landed and `body` is the API's answer. Otherwise someone wrote first or the
-    object is gone: `body` is what a fresh read found, in the view now (None: gone, or the read failed
-    on an assumed device, which is then re-read later)."""
+    """What one Writer call did. Every body it carries is in the view already, but for a CURRENT or
+    CONFLICT read of a device another decision of ours is in flight on (that decision's write settles it)."""
 
-    written: bool
-    body: Body | None
+    state: State
+    body: Body | None = None
+
+    @property
+    def written(self) -> bool:
+        return self.state is State.LANDED
 
 
 def _where(body: Body) -> tuple[str, str]:
@@ -72,19 +87,9 @@ class Writer:
     async def replace(self, kind: kinds.Kind, body: Body) -> Outcome:
         return await self._write(self._kube.replace, kind, body, None)
 
-    async def create(self, kind: kinds.Kind, body: Body, *, existing_ok: bool = False) -> Body | None:
-        """Create; with `existing_ok`, an object of the name already there is read into the view and returned
-        (None if it went meanwhile). Otherwise AlreadyExists is raised."""
-        try:
-            created = await self._kube.create(kind, body)
-            self._landed(kind, body)
-        except AlreadyExists:
-            if not existing_ok:
-                raise
-            namespace, name = _where(body)
-            return (await self.refresh(kind, name, namespace)).body
-        self._view.apply(kind, created)
-        return created
+    async def create(self, kind: kinds.Kind, body: Body) -> Outcome:
+        """Create; a name already taken is a CONFLICT whose body is the object there (GONE if it went meanwhile)."""
+        return await self._write(self._kube.create, kind, body, None)
 
     async def delete(
         self,
@@ -95,25 +100,59 @@ class Writer:
         uid: str | None = None,
         resource_version: str | None = None,
         at_once: bool = False,
-    ) -> bool:
-        """Delete (with a UID or resourceVersion precondition if given: Conflict when it fails); False when it
-        was gone already, and the view forgets it.
+    ) -> Outcome:
+        """Delete, with a UID or resourceVersion precondition if given (a failed one is a CONFLICT).
         `at_once`: the object carries no finalizers, so the view forgets it now; otherwise what the deletion
         leaves (finalizers pending) the watch reports."""
         before = self._version(kind, namespace, name)
-        if await self._kube.delete(kind, name, namespace or None, uid=uid, resource_version=resource_version):
-            self._landed(kind, {"metadata": {"namespace": namespace, "name": name}})
-            if at_once:
-                self._gone(kind, namespace, name, before)
-            return True
-        self._gone(kind, namespace, name, before)
-        return False
+        try:
+            deleted = await self._kube.delete(kind, name, namespace or None, uid=uid, resource_version=resource_version)
+        except Conflict:
+            return await self._reread(kind, name, namespace)
+        if not deleted:
+            self._gone(kind, namespace, name, before)
+            return Outcome(State.GONE)
+        self._landed(kind, {"metadata": {"namespace": namespace, "name": name}})
+        if at_once:
+            self._gone(kind, namespace, name, before)
+        return Outcome(State.LANDED)
 
-    async def refresh(
-        self, kind: kinds.Kind, name: str, namespace: str = "", *, assumption: int | None = None
+    async def read(self, kind: kinds.Kind, name: str, namespace: str = "", *, assumption: int | None = None) -> Outcome:
+        """Read the object fresh into the view (or forget it): CURRENT or GONE. With `assumption`, it is settled
+        in the same step; a failed read keeps it (its units stay counted, UNKNOWN) until `recheck` reads again.
+        Without, a failed read is raised."""
+        return await self._read(kind, name, namespace, assumption, State.CURRENT)
+
+    async def recheck(self) -> None:
+        """Read again the assumed devices whose outcome is still unknown."""
+        for (namespace, name), token in list(self._doubtful.items()):
+            await self.read(kinds.GPU_DEVICE, name, namespace, assumption=token)
+
+    # -- the one policy ----------------------------------------------------------
+
+    async def _write(
+        self, call: Callable[[kinds.Kind, Body], Awaitable[Body]], kind: kinds.Kind, body: Body, assumption: int | None
     ) -> Outcome:
-        """Read the object fresh into the view (or forget it). With `assumption`, it is settled in the same
-        step; a failed read keeps it (its units stay counted) until `recheck` reads again."""
+        namespace, name = _where(body)
+        try:
+            response = await call(kind, body)
+            self._landed(kind, body)
+        except (Conflict, NotFound, AlreadyExists):
+            return await self._reread(kind, name, namespace, assumption)
+        except Exception:
+            if assumption is not None:  # an unknown outcome: what the API has now is the truth
+                await self._read(kind, name, namespace, assumption, State.CONFLICT)
+            raise
+        if assumption is not None:
+            self._settle(namespace, name, assumption)
+        self._view.apply(kind, response)
+        return Outcome(State.LANDED, response)
+
+    async def _reread(self, kind: kinds.Kind, name: str, namespace: str, assumption: int | None = None) -> Outcome:
+        """A write that did not land: what the API has now goes into the view and answers the caller."""
+        return await self._read(kind, name, namespace, assumption, State.CONFLICT)
+
+    async def _read(self, kind: kinds.Kind, name: str, namespace: str, assumption: int | None, found: State) -> Outcome:
         key = (namespace, name)
         before = self._version(kind, namespace, name)
         try:
@@ -123,16 +162,23 @@ class Writer:
                 raise
             self._doubtful[key] = assumption
             log.warning("write.refresh_failed", kind=kind.kind, namespace=namespace or None, name=name, error=str(e))
-            return Outcome(False, None)
+            return Outcome(State.UNKNOWN)
+        outcome = Outcome(found, fresh) if fresh is not None else Outcome(State.GONE)
         if assumption is not None:
             self._doubtful.pop(key, None)
-            if not self._view.settle(namespace, name, assumption):
-                return Outcome(False, fresh)  # another decision of ours is in flight on it: its write settles it
+            if not self._settle(namespace, name, assumption):
+                return outcome  # another decision of ours is in flight on it: its write settles it
         if fresh is None:
             self._gone(kind, namespace, name, before)
         else:
             self._view.apply(kind, fresh)
-        return Outcome(False, fresh)
+        return outcome
+
+    # -- the view's side -----------------------------------------------------------
+
+    def _settle(self, namespace: str, name: str, assumption: int) -> bool:
+        # The one place assumptions are settled (§13.1): through the door, like any change of the view.
+        return self._view.settle(namespace, name, assumption)
 
     def _version(self, kind: kinds.Kind, namespace: str, name: str) -> int | None:
         return self._view.cluster.stored_version(kind, (namespace, name) if kind.namespaced else name)
@@ -140,9 +186,10 @@ class Writer:
     def _gone(self, kind: kinds.Kind, namespace: str, name: str, before: int | None) -> None:
         """The API had no object of the name when asked: the view forgets what it held then, but not what
         arrived while the call was in flight (a create of the same name answered meanwhile), which a forget
-        by name would drop and bury at its own version, out of sight of every later list."""
+        by name would drop and bury at its own version, out of sight of every later list. Nothing held,
+        nothing to forget: a fresh read of a name not yet created leaves no tombstone."""
         now = self._version(kind, namespace, name)
-        if now is None or (before is not None and now <= before):
+        if now is not None and before is not None and now <= before:
             self._view.forget(kind, namespace, name)
 
     def _landed(self, kind: kinds.Kind, body: Body) -> None:
@@ -151,26 +198,3 @@ class Writer:
             namespace, name = _where(body)
             log.warning("crash.injected", write=self._writes, kind=kind.kind, namespace=namespace, name=name)
             os._exit(CRASHED)
-
-    async def recheck(self) -> None:
-        """Read again the assumed devices whose outcome is still unknown."""
-        for (namespace, name), token in list(self._doubtful.items()):
-            await self.refresh(kinds.GPU_DEVICE, name, namespace, assumption=token)
-
-    async def _write(
-        self, call: Callable[[kinds.Kind, Body], Awaitable[Body]], kind: kinds.Kind, body: Body, assumption: int | None
-    ) -> Outcome:
-        namespace, name = _where(body)
-        try:
-            response = await call(kind, body)
-            self._landed(kind, body)
-        except (Conflict, NotFound):
-            return await self.refresh(kind, name, namespace, assumption=assumption)
-        except Exception:
-            if assumption is not None:  # an unknown outcome: what the API has now is the truth
-                await self.refresh(kind, name, namespace, assumption=assumption)
-            raise
-        if assumption is not None:
-            self._view.settle(namespace, name, assumption)
-        self._view.apply(kind, response)
-        return Outcome(True, response)

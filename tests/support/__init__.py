@@ -1,0 +1,1 @@
+"""The tests' scaffolding, one module per concept (`memkube`: an in-memory API for fast unit tests)."""

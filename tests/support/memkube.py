@@ -1,0 +1,256 @@
+"""An in-memory API server for fast unit tests of the writer and the workers (issue 20 item 7).
+
+It answers the part of `cozygpu.kube.adapter.AsyncKube` they call, with the API's rules
+that our logic depends on: resourceVersions that only grow (ints as strings), Conflict on
+a stale one or a failed precondition, NotFound, AlreadyExists, uids, and finalizers that
+hold a deletion (deletionTimestamp) until the last one is dropped. The status subresource
+writes status only; the object's PUT leaves status alone. `fail_next` injects a failure.
+
+It is a test of our own logic in addition to the real-API tiers (§11), never instead of them:
+admission, schemas, watches and everything else the real server does are not here.
+"""
+
+from __future__ import annotations
+
+import builtins
+import copy
+import datetime as dt
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from cozygpu.api.kinds import Kind
+from cozygpu.kube.adapter import AlreadyExists, Conflict, Invalid, NotFound
+
+Body = dict[str, Any]
+Key = tuple[str, str, str]  # plural, namespace ("" for cluster-scoped), name
+T = TypeVar("T")
+
+
+@dataclass
+class _Failure:
+    error: Exception
+    method: str | None  # None: whichever call comes next
+    landed: bool  # the call takes effect and then fails: an unknown outcome for the caller
+
+
+@dataclass
+class _Meanwhile:
+    effect: Callable[[], object]
+    method: str
+
+
+class MemKube:
+    def __init__(self) -> None:
+        self._objects: dict[Key, Body] = {}
+        self._versions = itertools.count(1)
+        self._uids = itertools.count(1)
+        self._failures: list[_Failure] = []
+        self._meanwhile: list[_Meanwhile] = []
+        self.calls: list[tuple[str, str, str]] = []  # (method, kind, name): what the tests count
+
+    # -- the tests' hands ----------------------------------------------------
+
+    def fail_next(self, error: Exception, *, method: str | None = None, landed: bool = False) -> None:
+        """The next call (of `method`, if given) raises `error`; with `landed`, after it took effect."""
+        self._failures.append(_Failure(error, method, landed))
+
+    def before_next(self, method: str, effect: Callable[[], object]) -> None:
+        """Run `effect` (someone else's write, say) just before the next call of `method`: a race lost."""
+        self._meanwhile.append(_Meanwhile(effect, method))
+
+    def put(self, kind: Kind, body: Body) -> Body:
+        """Store an object as if someone else created it (no call recorded)."""
+        return self._create(kind, body)
+
+    def change(self, kind: Kind, body: Body, *, status: bool = False) -> Body:
+        """Replace an object as someone else would, under the API's rules (no call recorded)."""
+        return self._replace(kind, body, status=status)
+
+    def stored(self, kind: Kind, name: str, namespace: str = "") -> Body | None:
+        found = self._objects.get(self._key(kind, name, namespace))
+        return copy.deepcopy(found) if found is not None else None
+
+    def count(self, method: str) -> int:
+        return sum(1 for m, _, _ in self.calls if m == method)
+
+    # -- AsyncKube's calls ----------------------------------------------------
+
+    async def get(self, kind: Kind, name: str, namespace: str | None = None) -> Body:
+        return self._call("get", kind, name, lambda: copy.deepcopy(self._existing(kind, name, namespace)))
+
+    async def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> Body | None:
+        def read() -> Body | None:
+            found = self._objects.get(self._key(kind, name, namespace))
+            return copy.deepcopy(found) if found is not None else None
+
+        return self._call("get", kind, name, read)
+
+    async def list(self, kind: Kind, namespace: str | None = None) -> list[Body]:
+        return self._call("list", kind, "", lambda: self._list(kind, namespace))
+
+    async def list_versioned(self, kind: Kind) -> tuple[builtins.list[Body], str]:
+        return self._call("list", kind, "", lambda: (self._list(kind, None), str(self._now())))
+
+    async def create(self, kind: Kind, body: Body, *, dry_run: bool = False) -> Body:
+        name = str(body.get("metadata", {}).get("name") or "")
+        return self._call("create", kind, name, lambda: self._create(kind, body, dry_run=dry_run))
+
+    async def replace(self, kind: Kind, body: Body) -> Body:
+        return self._call("replace", kind, body["metadata"]["name"], lambda: self._replace(kind, body, status=False))
+
+    async def replace_status(self, kind: Kind, body: Body) -> Body:
+        name = body["metadata"]["name"]
+        return self._call("replace_status", kind, name, lambda: self._replace(kind, body, status=True))
+
+    async def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        patch_type: str = "merge",
+    ) -> Body:
+        if patch_type != "merge":
+            raise NotImplementedError("memkube applies merge patches only")
+
+        def apply() -> Body:
+            current = self._existing(kind, name, namespace)
+            merged: Body = _merge(copy.deepcopy(current), patch)
+            return self._replace(kind, merged, status=subresource == "status", checked=False)
+
+        return self._call("patch", kind, name, apply)
+
+    async def delete(
+        self,
+        kind: Kind,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+    ) -> bool:
+        return self._call("delete", kind, name, lambda: self._delete(kind, name, namespace, uid, resource_version))
+
+    def close(self) -> None:
+        pass
+
+    # -- the rules ---------------------------------------------------------------
+
+    def _call(self, method: str, kind: Kind, name: str, effect: Callable[[], T]) -> T:
+        self.calls.append((method, kind.kind, name))
+        meanwhile = next((m for m in self._meanwhile if m.method == method), None)
+        if meanwhile is not None:
+            self._meanwhile.remove(meanwhile)
+            meanwhile.effect()
+        failure = next((f for f in self._failures if f.method in (None, method)), None)
+        if failure is None:
+            return effect()
+        self._failures.remove(failure)
+        if failure.landed:
+            effect()
+        raise failure.error
+
+    def _key(self, kind: Kind, name: str, namespace: str | None) -> Key:
+        return kind.plural, (namespace or "") if kind.namespaced else "", name
+
+    def _now(self) -> int:
+        return next(self._versions)
+
+    def _existing(self, kind: Kind, name: str, namespace: str | None) -> Body:
+        found = self._objects.get(self._key(kind, name, namespace))
+        if found is None:
+            raise NotFound(404, "NotFound", f"{kind.kind} {namespace or ''}/{name} not found")
+        return found
+
+    def _list(self, kind: Kind, namespace: str | None) -> builtins.list[Body]:
+        return [
+            copy.deepcopy(body)
+            for (plural, ns, _), body in sorted(self._objects.items())
+            if plural == kind.plural and (namespace is None or ns == namespace)
+        ]
+
+    def _create(self, kind: Kind, body: Body, *, dry_run: bool = False) -> Body:
+        meta = dict(body.get("metadata") or {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = f"{meta['generateName']}{next(self._uids)}"
+        key = self._key(kind, str(meta.get("name") or ""), meta.get("namespace"))
+        if not key[2]:
+            raise Invalid(422, "Invalid", f"{kind.kind}: metadata.name is required")
+        if key in self._objects:
+            raise AlreadyExists(409, "AlreadyExists", f"{kind.kind} {key[1]}/{key[2]} already exists")
+        stored = copy.deepcopy(body)
+        stored["metadata"] = {
+            **copy.deepcopy(meta),
+            "uid": f"uid-{next(self._uids)}",
+            "resourceVersion": str(self._now()),
+            "creationTimestamp": dt.datetime.now(dt.UTC).isoformat(),
+        }
+        stored["metadata"].pop("deletionTimestamp", None)
+        if not dry_run:
+            self._objects[key] = stored
+        return copy.deepcopy(stored)
+
+    def _replace(self, kind: Kind, body: Body, *, status: bool, checked: bool = True) -> Body:
+        meta = body["metadata"]
+        key = self._key(kind, meta["name"], meta.get("namespace"))
+        current = self._existing(kind, meta["name"], meta.get("namespace"))
+        if checked:
+            # The API's optimistic concurrency: the version written on must be the stored one.
+            if not meta.get("resourceVersion"):
+                raise Invalid(422, "Invalid", f"{kind.kind} {meta['name']}: metadata.resourceVersion must be set")
+            if meta["resourceVersion"] != current["metadata"]["resourceVersion"]:
+                raise Conflict(409, "Conflict", f"{kind.kind} {meta['name']}: the object has been modified")
+            if meta.get("uid") and meta["uid"] != current["metadata"]["uid"]:
+                raise Conflict(409, "Conflict", f"{kind.kind} {meta['name']}: Precondition failed: UID")
+        if status:  # the status subresource writes status only
+            updated = {**copy.deepcopy(current), "status": copy.deepcopy(body.get("status"))}
+        else:  # the object's PUT leaves status and what the server owns alone
+            kept = {k: current["metadata"][k] for k in ("uid", "creationTimestamp", "deletionTimestamp")
+                    if k in current["metadata"]}  # fmt: skip
+            updated = {**copy.deepcopy(body), "metadata": {**copy.deepcopy(meta), **kept}}
+            if "status" in current:
+                updated["status"] = copy.deepcopy(current["status"])
+            else:
+                updated.pop("status", None)
+        updated["metadata"]["resourceVersion"] = str(self._now())
+        if updated["metadata"].get("deletionTimestamp") and not updated["metadata"].get("finalizers"):
+            del self._objects[key]  # the last finalizer of a deleting object dropped: it is gone
+        else:
+            self._objects[key] = updated
+        return copy.deepcopy(updated)
+
+    def _delete(
+        self, kind: Kind, name: str, namespace: str | None, uid: str | None, resource_version: str | None
+    ) -> bool:
+        key = self._key(kind, name, namespace)
+        current = self._objects.get(key)
+        if current is None:
+            return False  # as the adapter says it: gone already
+        meta = current["metadata"]
+        if (uid and uid != meta["uid"]) or (resource_version and resource_version != meta["resourceVersion"]):
+            raise Conflict(409, "Conflict", f"{kind.kind} {name}: Precondition failed")
+        if meta.get("finalizers"):  # held until the last finalizer goes
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = dt.datetime.now(dt.UTC).isoformat()
+                meta["resourceVersion"] = str(self._now())
+            return True
+        del self._objects[key]
+        return True
+
+
+def _merge(target: Any, patch: Any) -> Any:
+    """JSON merge patch (RFC 7386)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if not isinstance(target, dict):
+        target = {}
+    for k, v in patch.items():
+        if v is None:
+            target.pop(k, None)
+        else:
+            target[k] = _merge(target.get(k), v)
+    return target

@@ -1,0 +1,47 @@
+"""Workers over a fresh view, the one writer and the in-memory API, run until what a test waits for holds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, cast
+
+from cozygpu.api import kinds
+from cozygpu.kube.adapter import AsyncKube
+from cozygpu.runtime.events import Recorder
+from tests.support.memkube import MemKube
+
+WAIT = 3.0  # seconds: these passes take milliseconds; a test that waits this long has failed
+SHORT = 0.3  # seconds a loop runs to show it leaves something alone
+
+
+async def run_until(
+    worker: Callable[[], Coroutine[Any, Any, None]], holds: Callable[[], bool], *, within: float = WAIT
+) -> bool:
+    """Run the worker's loop until `holds()` is true (True) or `within` seconds pass (False); then stop it.
+    A check that something is *not* done passes a short `within`: a pass takes milliseconds."""
+    task = asyncio.create_task(worker())
+    deadline = time.monotonic() + within
+    try:
+        while not holds():
+            if task.done():
+                task.result()  # a loop that ended: its error is the test's
+                return False
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.01)
+        return True
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def recorder(kube: MemKube) -> Recorder:
+    return Recorder(cast(AsyncKube, kube))
+
+
+async def posted(kube: MemKube, namespace: str, reason: str) -> int:
+    """Events of `reason` in the API, once the recorder's posters had a moment to post what is queued."""
+    await asyncio.sleep(0.05)
+    return sum(1 for e in await kube.list(kinds.kind("Event"), namespace) if e["reason"] == reason)

@@ -1,0 +1,39 @@
+"""A writer over a fresh view and an in-memory API (tests.support.memkube), and the bodies it writes."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from cozygpu.api import kinds
+from cozygpu.api.names import API_VERSION
+from cozygpu.kube.adapter import AsyncKube
+from cozygpu.runtime.view import View
+from cozygpu.runtime.writes import Writer
+from cozygpu.state.cluster import Cluster
+from tests.support.memkube import MemKube
+
+Body = dict[str, Any]
+NS = "t1"
+
+
+def writer(*, tombstones: int | None = None, crash_at: int = 0) -> tuple[Writer, View, MemKube]:
+    kube = MemKube()
+    view = View(Cluster() if tombstones is None else Cluster(tombstones))
+    # MemKube answers the calls the writer makes; the real adapter is the integration tiers' (§11).
+    return Writer(view, cast(AsyncKube, kube), crash_at=crash_at), view, kube
+
+
+def device(name: str = "d", *, finalizers: list[str] | None = None) -> Body:
+    meta: Body = {"name": name, "namespace": NS, **({"finalizers": finalizers} if finalizers else {})}
+    return {"apiVersion": API_VERSION, "kind": "GPUDevice", "metadata": meta, "spec": {"className": "a10", "count": 1}}
+
+
+def seen(view: View, kube: MemKube, body: Body) -> Body:
+    """Create `body` in the API as someone else would, and let the view hear of it as a watch would."""
+    stored = kube.put(kinds.GPU_DEVICE, body)
+    view.apply(kinds.GPU_DEVICE, stored)
+    return stored
+
+
+def with_status(body: Body, **status: Any) -> Body:
+    return {**body, "status": {**(body.get("status") or {}), **status}}
