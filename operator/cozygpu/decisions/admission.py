@@ -111,10 +111,6 @@ def check_held(cluster: Cluster, vmi: str, index: int, ref: HeldRef, device: GPU
     return problem if problem is not None else Member(device, cls, index)
 
 
-def _vmi_owner(device: GPUDevice) -> str | None:
-    return next((o.name for o in device.metadata.owner_references if o.kind == "VirtualMachineInstance"), None)
-
-
 def check_template(
     cluster: Cluster, namespace: str, vmi: str, index: int, *, ref: TemplateRef, device: GPUDevice | None
 ) -> Member | str:
@@ -133,11 +129,11 @@ def check_template(
             metadata=ObjectMeta(name=name, namespace=namespace, labels={LABEL_TEMPLATE_DEVICE: TRUE}),
             spec=GPUDeviceSpec(class_name=ref.class_name, count=ref.count),
         )
-    elif device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) != TRUE:
+    elif not device.is_template:
         return f"GPUDevice {name} exists and was not made from a deviceTemplate"
     elif device.deleting:
         return f"GPUDevice {name} of an earlier VMI {vmi} is still being deleted"
-    elif _vmi_owner(device) is not None:
+    elif device.vmi_owner is not None:
         return f"GPUDevice {name} is still owned by an earlier VMI {vmi}"
     elif device.spec.class_name != ref.class_name or device.spec.count != ref.count:
         return (

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from cozygpu.api import GPUClass, GPUDevice
-from cozygpu.api.names import FINALIZER_IN_USE, LABEL_TEMPLATE_DEVICE, TRUE
+from cozygpu.api.names import FINALIZER_IN_USE
 from cozygpu.state.cluster import Cluster
 
 
@@ -35,14 +35,6 @@ class Action:
     uid: str = ""  # the VMI's, for RECORD_UID and OWN
 
 
-def is_template(device: GPUDevice) -> bool:
-    return device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) == TRUE
-
-
-def vmi_owner(device: GPUDevice) -> str | None:
-    return next((o.uid for o in device.metadata.owner_references if o.kind == "VirtualMachineInstance"), None)
-
-
 def _expired(since: dt.datetime | None, now: dt.datetime, grace: dt.timedelta) -> bool:
     return since is not None and now - since >= grace
 
@@ -51,9 +43,9 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
     """What the device needs now; an empty list when it is as it should be."""
     namespace = device.namespace or ""
     attached = device.status.attached_to
-    request = device.status.bind_request
+    request = device.open_request
     live: str | None = cluster.vmis.get((namespace, attached.vmi)) if attached else None
-    owner = vmi_owner(device)
+    owner = device.vmi_owner
     # §14.2: the uid recorded is that of the VMI the admission was for: the VMI of the name names the device.
     named = live is not None and attached is not None and cluster.names_device(namespace, attached.vmi, device.name)
     actions: list[Action] = []
@@ -65,7 +57,7 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
             # §6.2: the VMI it was attached to is gone (a new one of the name is another VMI), and §6.7 its guest:
             # no launcher pod of that VMI holds units any more.
             why = f"VMI {attached.vmi} is gone"
-            return [Action(Do.DELETE, why)] if is_template(device) else _detach(device, why)
+            return [Action(Do.DELETE, why)] if device.is_template else _detach(device, why)
         if gone:
             in_use = True  # §6.7: the guest still runs in its launcher pod: the units stay its until the pod ends
         elif attached.uid is None and named:
@@ -80,17 +72,17 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
                     if live is None
                     else (f"VMI {attached.vmi} does not reference it: another create of the name was admitted")
                 )
-                return [Action(Do.DELETE, why)] if is_template(device) else _detach(device, why)
+                return [Action(Do.DELETE, why)] if device.is_template else _detach(device, why)
         else:
             in_use = True
         ours = device.name.startswith(f"{attached.vmi}-gpu-")
-        if is_template(device) and owner is None and live is not None and ours and not gone and (named or attached.uid):
+        if device.is_template and owner is None and live is not None and ours and not gone and (named or attached.uid):
             actions.append(Action(Do.OWN, f"VMI {attached.vmi} owns it", live))
-    elif request is not None and request.result is None and _expired(request.requested_at, now, grace):
+    elif request is not None and _expired(request.requested_at, now, grace):
         actions.append(Action(Do.CLEAR_REQUEST, "the bind request went unanswered"))  # §4
 
-    if attached is None and is_template(device):
-        gone = owner is not None and not cluster.vmi_exists(owner)
+    if attached is None and device.is_template:
+        gone = owner is not None and not cluster.vmi_exists(owner.uid)
         orphan = owner is None and _expired(device.metadata.creation_timestamp, now, grace)
         if gone or orphan:
             return [Action(Do.DELETE, "its VMI is gone" if gone else "no VMI uses it")]  # §6.3
@@ -113,13 +105,13 @@ def _detach(device: GPUDevice, why: str) -> list[Action]:
 def due(device: GPUDevice, grace: dt.timedelta) -> dt.datetime | None:
     """When the device's grace period runs out, if something about it is waiting on one."""
     attached = device.status.attached_to
-    request = device.status.bind_request
+    request = device.open_request
     times = []
     if attached is not None and attached.uid is None and attached.since is not None:
         times.append(attached.since + grace)
-    if request is not None and request.result is None:
+    if request is not None:
         times.append(request.requested_at + grace)
-    if is_template(device) and attached is None and vmi_owner(device) is None and device.metadata.creation_timestamp:
+    if device.is_template and attached is None and device.vmi_owner is None and device.metadata.creation_timestamp:
         times.append(device.metadata.creation_timestamp + grace)
     return min(times) if times else None
 
