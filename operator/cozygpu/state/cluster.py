@@ -276,7 +276,7 @@ class Cluster:
         request = device.status.bind_request
         if request is not None:
             self._by_request[request.id].add(key)
-            if request.result is None:
+            if request.open:
                 self._open_requests[request.id].add(key)
         if not device.holds_gpus:
             turn = self.turn(device)
@@ -311,7 +311,7 @@ class Cluster:
                 del self._use[key[0]]
             self._budgets.add_use(key[0], device.spec.class_name, -device.spec.count)
         self._uncount(key)
-        request = device.status.bind_request
+        request, open_request = device.status.bind_request, device.open_request
         attached = device.status.attached_to
         if attached is not None:
             _drop(self._by_attachment, (key[0], attached.vmi), key)
@@ -320,7 +320,7 @@ class Cluster:
             (self._by_node, device.status.node_name),
             (self._by_namespace, key[0]),
             (self._by_request, request.id if request else None),
-            (self._open_requests, request.id if request and request.result is None else None),
+            (self._open_requests, open_request.id if open_request else None),
         ):
             if value is not None:
                 _drop(index, value, key)
