@@ -4,17 +4,21 @@
 take that VMI as owner, detach from a VMI that is gone, delete a template device whose
 VMI is gone or never came, clear a stale request, keep the in-use finalizer exactly
 while a live VMI uses it. The collector (runtime.collector) calls it for the devices
-an event touches and, as a safety net, for all of them on a sweep.
+an event touches and, as a safety net, for all of them on a sweep, and writes what
+`status_after` and `metadata_changes` build for each action.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
-from cozygpu.api import GPUClass, GPUDevice
-from cozygpu.api.names import FINALIZER_IN_USE
+from cozygpu.api import GPUClass, GPUDevice, GPUDeviceStatus
+from cozygpu.api.meta import OwnerReference
+from cozygpu.api.names import FINALIZER_IN_USE, KUBEVIRT_API_VERSION
 from cozygpu.state.cluster import Cluster
 
 
@@ -124,3 +128,40 @@ def class_action(cluster: Cluster, cls: GPUClass) -> Do | None:
     if cls.deleting and has and not cluster.devices_of_class(cls.name):
         return Do.REMOVE_FINALIZER
     return None
+
+
+# -- what each action writes ---------------------------------------------------
+
+
+def status_after(device: GPUDevice, action: Action) -> GPUDeviceStatus:
+    """The device's status once a status action is done; anything else in it is kept. A release (DETACH) frees
+    the device for another VMI but not its units: phase and node stay, a held device stays Bound (§2, §6.2)."""
+    status = device.status
+    if action.do is Do.RECORD_UID and status.attached_to is not None:  # §6.1
+        return status.model_copy(update={"attached_to": status.attached_to.model_copy(update={"uid": action.uid})})
+    if action.do is Do.DETACH:  # §6.2, §6.3: the attachment goes, with the request made for it
+        return status.model_copy(update={"attached_to": None, "bind_request": None})
+    if action.do is Do.CLEAR_REQUEST:  # §4: a stale request
+        return status.model_copy(update={"bind_request": None})
+    return status
+
+
+def metadata_changes(device: GPUDevice, action: Action) -> dict[str, Any]:
+    """The metadata fields OWN and the finalizer actions change, as their new values; for DELETE, what comes off
+    before the delete: the in-use protection, which would keep a device the collector deletes (§6.5)."""
+    meta = device.metadata
+    if action.do is Do.OWN:  # §6.1
+        vmi = device.status.attached_to.vmi if device.status.attached_to else ""
+        owner = OwnerReference(
+            api_version=KUBEVIRT_API_VERSION, kind="VirtualMachineInstance", name=vmi, uid=action.uid
+        )
+        return {"owner_references": [*meta.owner_references, owner]}
+    if action.do in (Do.ADD_FINALIZER, Do.REMOVE_FINALIZER, Do.DELETE):
+        return {"finalizers": protected(meta.finalizers, protect=action.do is Do.ADD_FINALIZER)}
+    raise ValueError(f"{action.do.value} writes the status, not the metadata")
+
+
+def protected(finalizers: Sequence[str], *, protect: bool) -> list[str]:
+    """§6.5: the finalizers with the in-use protection on or off; the others are kept, in their order."""
+    others = [f for f in finalizers if f != FINALIZER_IN_USE]
+    return [*others, FINALIZER_IN_USE] if protect else others

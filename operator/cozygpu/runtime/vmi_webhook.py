@@ -22,7 +22,7 @@ from cozygpu.api import BindRequest, GPUDevice, kinds, references
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import FINALIZER_IN_USE, LABEL_DEVICE_REFERENCE, TRUE, template_device_name
 from cozygpu.api.references import HeldRef, TemplateRef
-from cozygpu.decisions import admission, attach, budgets
+from cozygpu.decisions import admission, attach, budgets, lifecycle
 from cozygpu.decisions.admission import Member
 from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict
 from cozygpu.runtime.events import Recorder
@@ -355,7 +355,7 @@ class VMIAdmission:
                 return
             if FINALIZER_IN_USE not in current.metadata.finalizers:
                 return
-            kept = [f for f in current.metadata.finalizers if f != FINALIZER_IN_USE]
+            kept = lifecycle.protected(current.metadata.finalizers, protect=False)
             dropped = current.model_copy(update={"metadata": current.metadata.model_copy(update={"finalizers": kept})})
             if (await self._writer.replace(kinds.GPU_DEVICE, dropped.wire())).written:
                 return
