@@ -93,15 +93,23 @@ def _node_problem(cluster: Cluster, device: GPUDevice, cls: GPUClass) -> str | N
     return None
 
 
-def check_held(cluster: Cluster, vmi: str, index: int, ref: HeldRef, device: GPUDevice | None) -> Member | str:
-    """§3.3 for one held reference."""
-    if device is None:
-        return f"GPUDevice {ref.name} does not exist"
+def unavailable(device: GPUDevice, vmi: str) -> str | None:
+    """§3.3, §4: being deleted, or attached to another VMI; checked on the fresh read and again at the write."""
     attached = device.status.attached_to
     if device.deleting:
         return f"{ident(device)} is being deleted"
     if attached is not None and attached.vmi != vmi:
         return f"{ident(device)} is attached to VMI {attached.vmi}"
+    return None
+
+
+def check_held(cluster: Cluster, vmi: str, index: int, ref: HeldRef, device: GPUDevice | None) -> Member | str:
+    """§3.3 for one held reference."""
+    if device is None:
+        return f"GPUDevice {ref.name} does not exist"
+    problem = unavailable(device, vmi)
+    if problem is not None:
+        return problem
     if not device.holds_gpus:
         return f"{ident(device)} is {_phase_words(device)}"
     cls = cluster.classes.get(device.spec.class_name)

@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 from cozygpu.api import Attachment, BindRequest, GPUDevice
-from cozygpu.decisions.admission import ident
+from cozygpu.decisions.admission import unavailable
 from cozygpu.state.cluster import Cluster
 
 
@@ -28,12 +28,7 @@ def refusal(device: GPUDevice | None, name: str, vmi: str) -> str | None:
     """§3: a device gone, being deleted or attached to another VMI between the check and the write."""
     if device is None:
         return f"GPUDevice {name} no longer exists"
-    if device.deleting:
-        return f"{ident(device)} is being deleted"
-    attached = device.status.attached_to
-    if attached is not None and attached.vmi != vmi:
-        return f"{ident(device)} is attached to VMI {attached.vmi}"
-    return None
+    return unavailable(device, vmi)
 
 
 def earlier_vmi(device: GPUDevice) -> str | None:
