@@ -56,7 +56,7 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
     in_use = False
 
     if attached is not None:
-        gone = attached.uid is not None and attached.uid != live
+        gone = attached.claimed and attached.uid != live
         if gone and not cluster.pods.guest_running(attached.uid or ""):
             # §6.2: the VMI it was attached to is gone (a new one of the name is another VMI), and §6.7 its guest:
             # no launcher pod of that VMI holds units any more.
@@ -64,10 +64,10 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
             return [Action(Do.DELETE, why)] if device.is_template else _detach(device, why)
         if gone:
             in_use = True  # §6.7: the guest still runs in its launcher pod: the units stay its until the pod ends
-        elif attached.uid is None and named:
+        elif not attached.claimed and named:
             actions.append(Action(Do.RECORD_UID, f"VMI {attached.vmi} exists", live or ""))  # §6.1
             in_use = True
-        elif attached.uid is None:
+        elif not attached.claimed:
             if _expired(attached.since, now, grace):
                 # §6.3: the VMI never appeared (another admission refused it after ours answered); §14.2: or a
                 # VMI of the name appeared that does not name the device (another create of the name won).
@@ -111,7 +111,7 @@ def due(device: GPUDevice, grace: dt.timedelta) -> dt.datetime | None:
     attached = device.status.attached_to
     request = device.open_request
     times = []
-    if attached is not None and attached.uid is None and attached.since is not None:
+    if attached is not None and not attached.claimed and attached.since is not None:
         times.append(attached.since + grace)
     if request is not None:
         times.append(request.requested_at + grace)
