@@ -158,7 +158,7 @@ class VMIAdmission:
         if refusal:
             raise Refusal(refusal)
         if dry_run:
-            node = admission.already_placed(members, name, utcnow())
+            node = attach.already_placed(members, name, utcnow())
             return admission.pinned(vmi, gpus, node), node
         node = await self._bind(namespace, name, members)
         moved = admission.gathered(members, node)
@@ -204,7 +204,7 @@ class VMIAdmission:
         writes = _Writes()
         try:
             members = await self._create_templates(members, writes)
-            node = admission.already_placed(members, vmi, utcnow())
+            node = attach.already_placed(members, vmi, utcnow())
             if node is not None:
                 return node  # a reinvocation: this create's own answer is in place
             request = BindRequest(
@@ -220,7 +220,7 @@ class VMIAdmission:
                 raise Refusal(
                     f"the GPU binder did not answer within {self._bind_timeout:g}s; KubeVirt retries the start"
                 )
-            node, refusal = admission.judge_answer(answered)
+            node, refusal = attach.judge_answer(answered)
             if refusal is not None or node is None:
                 raise Refusal(refusal or "the GPU binder could not place the set")
             log.info("vmi.bound", request_id=request.id, node=node, devices=request.devices)
@@ -327,7 +327,7 @@ class VMIAdmission:
             current = await self._get(namespace, created.name)
             if current is None or current.metadata.uid != created.metadata.uid:
                 return
-            if admission.taken_over(current, request_id):
+            if attach.taken_over(current, request_id):
                 log.info("vmi.undo.left", device=created.name, request_id=request_id)
                 return
             try:
@@ -365,7 +365,7 @@ class VMIAdmission:
             current = await self._get(namespace, name)
             if current is None:
                 return
-            undone = admission.undone(current, vmi, request_id, attached_by_us)
+            undone = attach.undone(current, vmi, request_id, attached_by_us)
             if undone is None:
                 return
             outcome = await self._writer.replace_status(kinds.GPU_DEVICE, undone.wire())
