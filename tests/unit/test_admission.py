@@ -7,7 +7,7 @@ from typing import Any
 
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.references import HeldRef, TemplateRef
-from cozygpu.decisions import admission
+from cozygpu.decisions import admission, attach
 from cozygpu.decisions.admission import Member
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
@@ -250,9 +250,9 @@ def test_a_recent_succeeded_request_for_this_vmi_is_its_own_answer() -> None:
     c = base()
     answered = request("r", "vm", ["d"], EPOCH, result="Succeeded")
     m = member(c, device("d", phase="Bound", node_name="n1", status=answered))
-    assert admission.already_placed([m], "vm", NOW) == "n1"
-    assert admission.already_placed([m], "vm", EPOCH + dt.timedelta(minutes=2)) is None
-    assert admission.already_placed([m], "other", NOW) is None
+    assert attach.already_placed([m], "vm", NOW) == "n1"
+    assert attach.already_placed([m], "vm", EPOCH + dt.timedelta(minutes=2)) is None
+    assert attach.already_placed([m], "other", NOW) is None
 
 
 def test_an_answer_to_an_earlier_vmi_of_the_name_is_not_this_creates_own() -> None:
@@ -261,7 +261,7 @@ def test_an_answer_to_an_earlier_vmi_of_the_name_is_not_this_creates_own() -> No
     answered = request("r", "vm", ["d"], EPOCH, result="Succeeded")
     answered["attachedTo"]["uid"] = "uid-of-the-vmi-that-was"
     m = member(c, device("d", phase="Bound", node_name="n1", status=answered))
-    assert admission.already_placed([m], "vm", NOW) is None
+    assert attach.already_placed([m], "vm", NOW) is None
 
 
 def test_judging_the_binders_answer() -> None:
@@ -271,9 +271,9 @@ def test_judging_the_binders_answer() -> None:
     failed_status = request("r", "vm", ["c"], EPOCH, "Failed")
     failed_status["bindRequest"]["message"] = "no node has 2 free units"
     failed = model(device("c", status=failed_status))
-    assert admission.judge_answer([ok]) == ("n1", None)
-    assert admission.judge_answer([ok, far]) == (None, "the GPU binder placed the set on more than one node: n1, n2")
-    assert admission.judge_answer([failed]) == (None, "no node has 2 free units")
+    assert attach.judge_answer([ok]) == ("n1", None)
+    assert attach.judge_answer([ok, far]) == (None, "the GPU binder placed the set on more than one node: n1, n2")
+    assert attach.judge_answer([failed]) == (None, "no node has 2 free units")
 
 
 def test_a_gather_is_told_per_moved_device_and_to_the_vm_that_made_the_vmi() -> None:
@@ -294,19 +294,19 @@ def test_a_gather_is_told_per_moved_device_and_to_the_vm_that_made_the_vmi() -> 
 def test_an_undo_takes_back_its_own_request_and_the_attachment_it_made() -> None:
     """§3: a refusal clears exactly what its call wrote: its request, and its attachment while no VMI claimed it."""
     mine = GPUDevice.from_wire(device("a", status=request("r1", "vm", ["a"], EPOCH)))
-    undone = admission.undone(mine, "vm", "r1", attached_by_us=True)
+    undone = attach.undone(mine, "vm", "r1", attached_by_us=True)
     assert undone is not None and undone.status.bind_request is None and undone.status.attached_to is None
-    kept = admission.undone(mine, "vm", "r1", attached_by_us=False)
+    kept = attach.undone(mine, "vm", "r1", attached_by_us=False)
     assert kept is not None and kept.status.bind_request is None and kept.status.attached_to is not None
 
 
 def test_an_undo_leaves_what_others_wrote() -> None:
     """Another call's request, or an attachment a VMI object has claimed (uid recorded), is not this undo's."""
     theirs = GPUDevice.from_wire(device("a", status=request("r2", "vm", ["a"], EPOCH)))
-    assert admission.undone(theirs, "vm", "r1", attached_by_us=False) is None
+    assert attach.undone(theirs, "vm", "r1", attached_by_us=False) is None
     claimed = request("r1", "vm", ["a"], EPOCH)
     claimed["attachedTo"]["uid"] = "u1"
-    undone = admission.undone(GPUDevice.from_wire(device("a", status=claimed)), "vm", "r1", attached_by_us=True)
+    undone = attach.undone(GPUDevice.from_wire(device("a", status=claimed)), "vm", "r1", attached_by_us=True)
     assert undone is not None and undone.status.attached_to is not None and undone.status.bind_request is None
 
 
@@ -314,14 +314,14 @@ def test_a_template_device_another_create_of_the_name_took_is_not_the_creators_t
     """Issue 12 item 7: the creator's undo deletes its template device only while nothing but its own request
     (or none) is on it; a uid the collector recorded for a running VMI of the name does not make it that VMI's."""
     untouched = GPUDevice.from_wire(device("vm-gpu-0"))
-    assert not admission.taken_over(untouched, "r1")
+    assert not attach.taken_over(untouched, "r1")
     own = GPUDevice.from_wire(device("vm-gpu-0", status=request("r1", "vm", ["vm-gpu-0"], EPOCH)))
-    assert not admission.taken_over(own, "r1")
+    assert not attach.taken_over(own, "r1")
     theirs = GPUDevice.from_wire(device("vm-gpu-0", status=request("r2", "vm", ["vm-gpu-0"], EPOCH)))
-    assert admission.taken_over(theirs, "r1")
+    assert attach.taken_over(theirs, "r1")
     claimed = request("r1", "vm", ["vm-gpu-0"], EPOCH)
     claimed["attachedTo"]["uid"] = "u1"
-    assert not admission.taken_over(GPUDevice.from_wire(device("vm-gpu-0", status=claimed)), "r1")
+    assert not attach.taken_over(GPUDevice.from_wire(device("vm-gpu-0", status=claimed)), "r1")
 
 
 def test_malformed_gpu_fields_are_named_not_spelled_out_letter_by_letter() -> None:

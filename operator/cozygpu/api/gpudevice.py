@@ -12,6 +12,7 @@ from cozygpu.api.meta import (
     Condition,
     CRDInfo,
     Model,
+    OwnerReference,
     PrinterColumn,
     Resource,
     Time,
@@ -70,6 +71,11 @@ class BindRequest(Model):
     result: BindResult | None = None
     message: str | None = None
 
+    @property
+    def open(self) -> bool:
+        """§4: asked and not answered yet (an empty result); the binder answers it, the collector clears it stale."""
+        return self.result is None
+
 
 class GPUDeviceStatus(Model):
     """Written by the operator alone: where the units are and who uses them."""
@@ -116,21 +122,42 @@ class GPUDevice(Resource):
         return self.status.phase in COUNTS_AGAINST_BUDGETS
 
     @property
+    def is_template(self) -> bool:
+        """§1.2: made from a VMI's deviceTemplate, marked by the template label set to "true"."""
+        return self.metadata.labels.get(LABEL_TEMPLATE_DEVICE) == TRUE
+
+    @property
+    def carries_template_label(self) -> bool:
+        """§9.1: the template label with any value; only the operator may set it, so a tenant may not even
+        create one labelled "false"."""
+        return LABEL_TEMPLATE_DEVICE in self.metadata.labels
+
+    @property
+    def vmi_owner(self) -> OwnerReference | None:
+        """§1.2, §6.1: the VMI a template device is owned by, once that VMI exists."""
+        return next((o for o in self.metadata.owner_references if o.kind == "VirtualMachineInstance"), None)
+
+    @property
+    def open_request(self) -> BindRequest | None:
+        """§4: the bind request it carries, while the binder has not answered it."""
+        request = self.status.bind_request
+        return request if request is not None and request.open else None
+
+    @property
     def in_use(self) -> bool:
         """§7.2: what a budget counts: Pending, Bound and Lost devices, and a held device admitted but not yet
         seen by the binder (it turns Pending the moment it is). A new template device is an order, not use."""
         if self.counts_against_budgets:
             return True
-        return self.status.phase is None and self.metadata.labels.get(LABEL_TEMPLATE_DEVICE) != TRUE
+        return self.status.phase is None and not self.is_template
 
     @property
     def awaits_node(self) -> bool:
         """§5.5: the binder places it on its own, outside any bind request: not Bound, not on its way out,
         in no open request (answered as a set, §4), not a template device its admission has not handed
         over yet, and not Lost while still attached (§2: its VMI goes first)."""
-        request = self.status.bind_request
-        if self.holds_gpus or self.deleting or (request is not None and request.result is None):
+        if self.holds_gpus or self.deleting or self.open_request is not None:
             return False
-        if self.status.phase is None and self.metadata.labels.get(LABEL_TEMPLATE_DEVICE) == TRUE:
+        if self.status.phase is None and self.is_template:
             return False
         return not (self.status.phase is Phase.LOST and self.status.attached_to is not None)

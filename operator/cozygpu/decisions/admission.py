@@ -9,13 +9,12 @@ tenant can act on, naming the object at fault.
 from __future__ import annotations
 
 import copy
-import datetime as dt
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cozygpu.api import BindResult, ConditionStatus, GPUClass, GPUDevice, GPUMode, Phase
+from cozygpu.api import ConditionStatus, GPUClass, GPUDevice, GPUMode, Phase
 from cozygpu.api.gpudevice import GPUDeviceSpec
 from cozygpu.api.meta import ObjectMeta
 from cozygpu.api.names import (
@@ -36,10 +35,6 @@ from cozygpu.decisions.capacity import conflicts, held, matching_classes
 from cozygpu.decisions.pinning import pinned_spec
 from cozygpu.state.cluster import Cluster
 from cozygpu.state.nodes import node_selector_matches
-
-# §3: a Succeeded request younger than the API server's request timeout is this
-# create's own (a reinvocation); an older one belongs to an earlier VMI of the name.
-REQUEST_REUSE = dt.timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -93,15 +88,23 @@ def _node_problem(cluster: Cluster, device: GPUDevice, cls: GPUClass) -> str | N
     return None
 
 
-def check_held(cluster: Cluster, vmi: str, index: int, ref: HeldRef, device: GPUDevice | None) -> Member | str:
-    """§3.3 for one held reference."""
-    if device is None:
-        return f"GPUDevice {ref.name} does not exist"
+def unavailable(device: GPUDevice, vmi: str) -> str | None:
+    """§3.3, §4: being deleted, or attached to another VMI; checked on the fresh read and again at the write."""
     attached = device.status.attached_to
     if device.deleting:
         return f"{ident(device)} is being deleted"
     if attached is not None and attached.vmi != vmi:
         return f"{ident(device)} is attached to VMI {attached.vmi}"
+    return None
+
+
+def check_held(cluster: Cluster, vmi: str, index: int, ref: HeldRef, device: GPUDevice | None) -> Member | str:
+    """§3.3 for one held reference."""
+    if device is None:
+        return f"GPUDevice {ref.name} does not exist"
+    problem = unavailable(device, vmi)
+    if problem is not None:
+        return problem
     if not device.holds_gpus:
         return f"{ident(device)} is {_phase_words(device)}"
     cls = cluster.classes.get(device.spec.class_name)
@@ -109,10 +112,6 @@ def check_held(cluster: Cluster, vmi: str, index: int, ref: HeldRef, device: GPU
         return f"{ident(device)}: GPUClass {device.spec.class_name} does not exist"
     problem = _node_problem(cluster, device, cls)
     return problem if problem is not None else Member(device, cls, index)
-
-
-def _vmi_owner(device: GPUDevice) -> str | None:
-    return next((o.name for o in device.metadata.owner_references if o.kind == "VirtualMachineInstance"), None)
 
 
 def check_template(
@@ -133,11 +132,11 @@ def check_template(
             metadata=ObjectMeta(name=name, namespace=namespace, labels={LABEL_TEMPLATE_DEVICE: TRUE}),
             spec=GPUDeviceSpec(class_name=ref.class_name, count=ref.count),
         )
-    elif device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) != TRUE:
+    elif not device.is_template:
         return f"GPUDevice {name} exists and was not made from a deviceTemplate"
     elif device.deleting:
         return f"GPUDevice {name} of an earlier VMI {vmi} is still being deleted"
-    elif _vmi_owner(device) is not None:
+    elif device.vmi_owner is not None:
         return f"GPUDevice {name} is still owned by an earlier VMI {vmi}"
     elif device.spec.class_name != ref.class_name or device.spec.count != ref.count:
         return (
@@ -280,48 +279,6 @@ def orders(namespace: str, members: Sequence[Member]) -> list[Order]:
     ]
 
 
-def already_placed(members: Sequence[Member], vmi: str, now: dt.datetime) -> str | None:
-    """§3 reinvocation: the node when a recent Succeeded request for this VMI placed exactly this set.
-
-    Only attachments without a uid count: the VMI under admission has none yet (the API server
-    assigns it after mutating admission), so one with a uid was made for an earlier VMI of the name."""
-    names = {m.device.name for m in members}
-    node: str | None = None
-    for m in members:
-        d = m.device
-        r = d.status.bind_request
-        if (
-            d.status.attached_to is None
-            or d.status.attached_to.vmi != vmi
-            or d.status.attached_to.claimed
-            or r is None
-            or r.vmi != vmi
-            or r.result is not BindResult.SUCCEEDED
-            or now - r.requested_at >= REQUEST_REUSE
-            or set(r.devices) != names
-            or not d.holds_gpus
-            or (node is not None and d.status.node_name != node)
-        ):
-            return None
-        node = d.status.node_name
-    return node
-
-
-def judge_answer(devices: Sequence[GPUDevice]) -> tuple[str | None, str | None]:
-    """(node, None) when the binder placed every device on one node, else (None, refusal)."""
-    nodes: set[str] = set()
-    for d in devices:
-        r = d.status.bind_request
-        if r is None or r.result is not BindResult.SUCCEEDED:
-            return None, (r.message if r is not None and r.message else "the GPU binder could not place the set")
-        if not d.holds_gpus or not d.status.node_name:
-            return None, f"the GPU binder answered, but {ident(d)} holds no node"
-        nodes.add(d.status.node_name)
-    if len(nodes) != 1:
-        return None, "the GPU binder placed the set on more than one node: " + ", ".join(sorted(nodes))
-    return nodes.pop(), None
-
-
 def gathered(members: Sequence[Member], node: str) -> list[str]:
     """§5.3 as the tenant reads it: each existing device of the set that the answer moved to `node`."""
     return [
@@ -354,26 +311,3 @@ def pinned(vmi: dict[str, Any], gpus: Sequence[dict[str, str]], node: str | None
         return out
     out["spec"] = pinned_spec(spec, node)
     return out
-
-
-def taken_over(device: GPUDevice, request_id: str) -> bool:
-    """A template device one admission created that another has since taken for the same VMI name: it carries
-    that call's request (kept once answered). The creator's undo leaves it. A uid on its attachment proves
-    nothing here: the collector records the uid of the VMI of the name that names it, the other call's too."""
-    request = device.status.bind_request
-    return request is not None and request.id != request_id
-
-
-def undone(device: GPUDevice, vmi: str, request_id: str, attached_by_us: bool) -> GPUDevice | None:
-    """The device with what one refused admission wrote taken back: its own request, and the attachment it
-    made if no VMI object has claimed it since (a uid recorded); None when there is nothing of it left."""
-    changes: dict[str, Any] = {}
-    request = device.status.bind_request
-    if request is not None and request.id == request_id:
-        changes["bind_request"] = None
-    attached = device.status.attached_to
-    if attached_by_us and attached is not None and attached.vmi == vmi and not attached.claimed:
-        changes["attached_to"] = None
-    if not changes:
-        return None
-    return device.model_copy(update={"status": device.status.model_copy(update=changes)})

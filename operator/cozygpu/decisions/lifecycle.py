@@ -4,17 +4,21 @@
 take that VMI as owner, detach from a VMI that is gone, delete a template device whose
 VMI is gone or never came, clear a stale request, keep the in-use finalizer exactly
 while a live VMI uses it. The collector (runtime.collector) calls it for the devices
-an event touches and, as a safety net, for all of them on a sweep.
+an event touches and, as a safety net, for all of them on a sweep, and writes what
+`status_after` and `metadata_changes` build for each action.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
-from cozygpu.api import GPUClass, GPUDevice
-from cozygpu.api.names import FINALIZER_IN_USE, LABEL_TEMPLATE_DEVICE, TRUE
+from cozygpu.api import GPUClass, GPUDevice, GPUDeviceStatus
+from cozygpu.api.meta import OwnerReference
+from cozygpu.api.names import FINALIZER_IN_USE, KUBEVIRT_API_VERSION
 from cozygpu.state.cluster import Cluster
 
 
@@ -35,14 +39,6 @@ class Action:
     uid: str = ""  # the VMI's, for RECORD_UID and OWN
 
 
-def is_template(device: GPUDevice) -> bool:
-    return device.metadata.labels.get(LABEL_TEMPLATE_DEVICE) == TRUE
-
-
-def vmi_owner(device: GPUDevice) -> str | None:
-    return next((o.uid for o in device.metadata.owner_references if o.kind == "VirtualMachineInstance"), None)
-
-
 def _expired(since: dt.datetime | None, now: dt.datetime, grace: dt.timedelta) -> bool:
     return since is not None and now - since >= grace
 
@@ -51,27 +47,27 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
     """What the device needs now; an empty list when it is as it should be."""
     namespace = device.namespace or ""
     attached = device.status.attached_to
-    request = device.status.bind_request
+    request = device.open_request
     live: str | None = cluster.vmis.get((namespace, attached.vmi)) if attached else None
-    owner = vmi_owner(device)
+    owner = device.vmi_owner
     # §14.2: the uid recorded is that of the VMI the admission was for: the VMI of the name names the device.
     named = live is not None and attached is not None and cluster.names_device(namespace, attached.vmi, device.name)
     actions: list[Action] = []
     in_use = False
 
     if attached is not None:
-        gone = attached.uid is not None and attached.uid != live
+        gone = attached.claimed and attached.uid != live
         if gone and not cluster.guest_running(attached.uid or ""):
             # §6.2: the VMI it was attached to is gone (a new one of the name is another VMI), and §6.7 its guest:
             # no launcher pod of that VMI holds units any more.
             why = f"VMI {attached.vmi} is gone"
-            return [Action(Do.DELETE, why)] if is_template(device) else _detach(device, why)
+            return [Action(Do.DELETE, why)] if device.is_template else _detach(device, why)
         if gone:
             in_use = True  # §6.7: the guest still runs in its launcher pod: the units stay its until the pod ends
-        elif attached.uid is None and named:
+        elif not attached.claimed and named:
             actions.append(Action(Do.RECORD_UID, f"VMI {attached.vmi} exists", live or ""))  # §6.1
             in_use = True
-        elif attached.uid is None:
+        elif not attached.claimed:
             if _expired(attached.since, now, grace):
                 # §6.3: the VMI never appeared (another admission refused it after ours answered); §14.2: or a
                 # VMI of the name appeared that does not name the device (another create of the name won).
@@ -80,17 +76,17 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
                     if live is None
                     else (f"VMI {attached.vmi} does not reference it: another create of the name was admitted")
                 )
-                return [Action(Do.DELETE, why)] if is_template(device) else _detach(device, why)
+                return [Action(Do.DELETE, why)] if device.is_template else _detach(device, why)
         else:
             in_use = True
         ours = device.name.startswith(f"{attached.vmi}-gpu-")
-        if is_template(device) and owner is None and live is not None and ours and not gone and (named or attached.uid):
+        if device.is_template and owner is None and live is not None and ours and not gone and (named or attached.uid):
             actions.append(Action(Do.OWN, f"VMI {attached.vmi} owns it", live))
-    elif request is not None and request.result is None and _expired(request.requested_at, now, grace):
+    elif request is not None and _expired(request.requested_at, now, grace):
         actions.append(Action(Do.CLEAR_REQUEST, "the bind request went unanswered"))  # §4
 
-    if attached is None and is_template(device):
-        gone = owner is not None and not cluster.vmi_exists(owner)
+    if attached is None and device.is_template:
+        gone = owner is not None and not cluster.vmi_exists(owner.uid)
         orphan = owner is None and _expired(device.metadata.creation_timestamp, now, grace)
         if gone or orphan:
             return [Action(Do.DELETE, "its VMI is gone" if gone else "no VMI uses it")]  # §6.3
@@ -113,13 +109,13 @@ def _detach(device: GPUDevice, why: str) -> list[Action]:
 def due(device: GPUDevice, grace: dt.timedelta) -> dt.datetime | None:
     """When the device's grace period runs out, if something about it is waiting on one."""
     attached = device.status.attached_to
-    request = device.status.bind_request
+    request = device.open_request
     times = []
-    if attached is not None and attached.uid is None and attached.since is not None:
+    if attached is not None and not attached.claimed and attached.since is not None:
         times.append(attached.since + grace)
-    if request is not None and request.result is None:
+    if request is not None:
         times.append(request.requested_at + grace)
-    if is_template(device) and attached is None and vmi_owner(device) is None and device.metadata.creation_timestamp:
+    if device.is_template and attached is None and device.vmi_owner is None and device.metadata.creation_timestamp:
         times.append(device.metadata.creation_timestamp + grace)
     return min(times) if times else None
 
@@ -132,3 +128,40 @@ def class_action(cluster: Cluster, cls: GPUClass) -> Do | None:
     if cls.deleting and has and not cluster.devices_of_class(cls.name):
         return Do.REMOVE_FINALIZER
     return None
+
+
+# -- what each action writes ---------------------------------------------------
+
+
+def status_after(device: GPUDevice, action: Action) -> GPUDeviceStatus:
+    """The device's status once a status action is done; anything else in it is kept. A release (DETACH) frees
+    the device for another VMI but not its units: phase and node stay, a held device stays Bound (§2, §6.2)."""
+    status = device.status
+    if action.do is Do.RECORD_UID and status.attached_to is not None:  # §6.1
+        return status.model_copy(update={"attached_to": status.attached_to.model_copy(update={"uid": action.uid})})
+    if action.do is Do.DETACH:  # §6.2, §6.3: the attachment goes, with the request made for it
+        return status.model_copy(update={"attached_to": None, "bind_request": None})
+    if action.do is Do.CLEAR_REQUEST:  # §4: a stale request
+        return status.model_copy(update={"bind_request": None})
+    return status
+
+
+def metadata_changes(device: GPUDevice, action: Action) -> dict[str, Any]:
+    """The metadata fields OWN and the finalizer actions change, as their new values; for DELETE, what comes off
+    before the delete: the in-use protection, which would keep a device the collector deletes (§6.5)."""
+    meta = device.metadata
+    if action.do is Do.OWN:  # §6.1
+        vmi = device.status.attached_to.vmi if device.status.attached_to else ""
+        owner = OwnerReference(
+            api_version=KUBEVIRT_API_VERSION, kind="VirtualMachineInstance", name=vmi, uid=action.uid
+        )
+        return {"owner_references": [*meta.owner_references, owner]}
+    if action.do in (Do.ADD_FINALIZER, Do.REMOVE_FINALIZER, Do.DELETE):
+        return {"finalizers": protected(meta.finalizers, protect=action.do is Do.ADD_FINALIZER)}
+    raise ValueError(f"{action.do.value} writes the status, not the metadata")
+
+
+def protected(finalizers: Sequence[str], *, protect: bool) -> list[str]:
+    """§6.5: the finalizers with the in-use protection on or off; the others are kept, in their order."""
+    others = [f for f in finalizers if f != FINALIZER_IN_USE]
+    return [*others, FINALIZER_IN_USE] if protect else others

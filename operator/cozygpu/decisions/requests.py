@@ -56,7 +56,7 @@ def assess(
 
     `prior` are orders admitted elsewhere that the view has not seen yet (§7.4)."""
     carriers = cluster.devices_of_request(request_id)
-    if not carriers or all(d.status.bind_request and d.status.bind_request.result for d in carriers):
+    if not carriers or all(d.open_request is None for d in carriers):
         return None
     request = _request_of(carriers)
     assert request is not None
@@ -73,8 +73,8 @@ def assess(
         other = cluster.device(namespace, name)
         if other is not None and other.deleting:
             return fail(f"GPUDevice {name} is being deleted")
-        theirs = other.status.bind_request if other is not None else None
-        if theirs is not None and theirs.result is None and theirs.id != request_id:
+        theirs = other.open_request if other is not None else None
+        if theirs is not None and theirs.id != request_id:
             return fail(f"GPUDevice {name} is part of another bind request")
         if now - request.requested_at > incomplete_after:
             missing = "does not exist" if other is None else "does not carry this request"

@@ -15,10 +15,6 @@ from cozygpu.decisions.budgets import Order, check_orders
 from cozygpu.state.cluster import Cluster
 
 
-def _is_template(device: GPUDevice) -> bool:
-    return LABEL_TEMPLATE_DEVICE in device.metadata.labels
-
-
 def device_create(
     cluster: Cluster,
     device: GPUDevice,
@@ -30,7 +26,7 @@ def device_create(
 ) -> str | None:
     """§9.1 CREATE: the class takes orders, the count fits, the order passes §7; template label is ours."""
     what = f"GPUDevice {device.name}"
-    if _is_template(device) and requester != operator:
+    if device.carries_template_label and requester != operator:
         return f"{what}: only the GPU operator may create devices labelled {LABEL_TEMPLATE_DEVICE}"
     cls = cluster.classes.get(device.spec.class_name)
     if cls is None:
@@ -47,7 +43,7 @@ def device_create(
             f"{what}: no node has {device.spec.count} units of {resource}, so it could never be placed; "
             f"the most one has is {most}"
         )
-    if _is_template(device):
+    if device.carries_template_label:
         return None  # an order of its VMI's admission, checked there (§3.9) and at bind time (§5.4)
     order = Order(device.namespace or "", cls.name, device.spec.count, what)
     return check_orders(cluster, [order], prior, required=budgets_required)

@@ -93,11 +93,7 @@ class Binder:
             key = (change.namespace, change.name)
             self._fresh.add(key)
             device = self._cluster.device(*key)
-            if (
-                device is not None
-                and device.status.bind_request is not None
-                and device.status.bind_request.result is None
-            ):
+            if device is not None and device.open_request is not None:
                 self._asked = True
         self._room |= change.room
         self._served |= change.served

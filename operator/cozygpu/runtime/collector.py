@@ -17,9 +17,8 @@ import time
 import structlog
 
 from cozygpu.api import GPUClass, GPUDevice, kinds
-from cozygpu.api.meta import OwnerReference
 from cozygpu.api.meta import now as utcnow
-from cozygpu.api.names import FINALIZER_IN_USE, KUBEVIRT_API_VERSION
+from cozygpu.api.names import FINALIZER_IN_USE
 from cozygpu.decisions import lifecycle
 from cozygpu.decisions.lifecycle import Action, Do
 from cozygpu.kube.adapter import ApiError
@@ -151,9 +150,7 @@ class Collector:
         if action.do is Do.DELETE:
             target: GPUDevice | None = device
             if FINALIZER_IN_USE in meta.finalizers:
-                target = await self._write_meta(
-                    device, finalizers=[f for f in meta.finalizers if f != FINALIZER_IN_USE]
-                )
+                target = await self._write_meta(device, **lifecycle.metadata_changes(device, action))
             if target is not None:  # None: dropping the finalizer already finished a deletion
                 # Gone before we got to it (the view missed it in a watch gap): the writer forgets it. Under the
                 # version decided on: an admission reusing the device meanwhile (a quick restart) wins.
@@ -169,26 +166,8 @@ class Collector:
             self._events.post(device, "Released", f"deleted: {action.reason}")
             return None
         if action.do in METADATA:
-            if action.do is Do.OWN:
-                owner = OwnerReference(
-                    api_version=KUBEVIRT_API_VERSION,
-                    kind="VirtualMachineInstance",
-                    name=device.status.attached_to.vmi if device.status.attached_to else "",
-                    uid=action.uid,
-                )
-                return await self._write_meta(device, owner_references=[*meta.owner_references, owner])
-            if action.do is Do.ADD_FINALIZER:
-                return await self._write_meta(device, finalizers=[*meta.finalizers, FINALIZER_IN_USE])
-            return await self._write_meta(device, finalizers=[f for f in meta.finalizers if f != FINALIZER_IN_USE])
-        status = device.status
-        if action.do is Do.RECORD_UID and status.attached_to is not None:
-            status = status.model_copy(
-                update={"attached_to": status.attached_to.model_copy(update={"uid": action.uid})}
-            )
-        elif action.do is Do.DETACH:
-            status = status.model_copy(update={"attached_to": None, "bind_request": None})
-        elif action.do is Do.CLEAR_REQUEST:
-            status = status.model_copy(update={"bind_request": None})
+            return await self._write_meta(device, **lifecycle.metadata_changes(device, action))
+        status = lifecycle.status_after(device, action)
         outcome = await self._writer.replace_status(
             kinds.GPU_DEVICE, device.model_copy(update={"status": status}).wire()
         )
@@ -211,9 +190,7 @@ class Collector:
         action = lifecycle.class_action(self._cluster, cls)
         if action is None:
             return
-        finalizers = [f for f in cls.metadata.finalizers if f != FINALIZER_IN_USE]
-        if action is Do.ADD_FINALIZER:
-            finalizers.append(FINALIZER_IN_USE)
+        finalizers = lifecycle.protected(cls.metadata.finalizers, protect=action is Do.ADD_FINALIZER)
         updated = cls.model_copy(update={"metadata": cls.metadata.model_copy(update={"finalizers": finalizers})})
         try:
             outcome = await self._writer.replace(kinds.GPU_CLASS, updated.wire())

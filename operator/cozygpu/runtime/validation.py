@@ -12,7 +12,6 @@ from typing import Any
 import structlog
 
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice
-from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
 from cozygpu.decisions import validation
 from cozygpu.decisions.budgets import Order
 from cozygpu.runtime.reservations import Reservations
@@ -55,7 +54,7 @@ class Validation:
         """§9.1-§9.3 for a GPUDevice; `review` is the AdmissionReview's uid, which a held order is reserved under."""
         if operation == "CREATE" and new is not None:
             device = GPUDevice.from_wire(new)
-            namespace, held = device.namespace or "", LABEL_TEMPLATE_DEVICE not in device.metadata.labels
+            namespace, held = device.namespace or "", not device.carries_template_label
             async with self._reservations.lock:  # one held-device order at a time (§7.4)
                 problem = validation.device_create(
                     self._cluster,

@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 import structlog
 
-from cozygpu.api import Attachment, BindRequest, GPUDevice, kinds, references
+from cozygpu.api import BindRequest, GPUDevice, kinds, references
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import FINALIZER_IN_USE, LABEL_DEVICE_REFERENCE, TRUE, template_device_name
 from cozygpu.api.references import HeldRef, TemplateRef
-from cozygpu.decisions import admission, budgets
+from cozygpu.decisions import admission, attach, budgets, lifecycle
 from cozygpu.decisions.admission import Member
 from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.events import Recorder
@@ -157,7 +157,7 @@ class VMIAdmission:
         if refusal:
             raise Refusal(refusal)
         if dry_run:
-            node = admission.already_placed(members, name, utcnow())
+            node = attach.already_placed(members, name, utcnow())
             return admission.pinned(vmi, gpus, node), node
         node = await self._bind(namespace, name, members)
         moved = admission.gathered(members, node)
@@ -206,7 +206,7 @@ class VMIAdmission:
         writes = _Writes()
         try:
             members = await self._create_templates(members, writes)
-            node = admission.already_placed(members, vmi, utcnow())
+            node = attach.already_placed(members, vmi, utcnow())
             if node is not None:
                 return node  # a reinvocation: this create's own answer is in place
             request = BindRequest(
@@ -222,7 +222,7 @@ class VMIAdmission:
                 raise Refusal(
                     f"the GPU binder did not answer within {self._bind_timeout:g}s; KubeVirt retries the start"
                 )
-            node, refusal = admission.judge_answer(answered)
+            node, refusal = attach.judge_answer(answered)
             if refusal is not None or node is None:
                 raise Refusal(refusal or "the GPU binder could not place the set")
             log.info("vmi.bound", request_id=request.id, node=node, devices=request.devices)
@@ -254,32 +254,19 @@ class VMIAdmission:
         namespace = device.namespace or ""
         current: GPUDevice | None = device
         for _ in range(CONFLICT_RETRIES):
-            if current is None:
-                raise Refusal(f"GPUDevice {device.name} no longer exists")
-            attached = current.status.attached_to
-            if current.deleting:
-                raise Refusal(f"{admission.ident(current)} is being deleted")
-            if attached is not None and attached.vmi != vmi:
-                raise Refusal(f"{admission.ident(current)} is attached to VMI {attached.vmi}")
-            # Attached to this name with a uid: made for an earlier VMI object (this one has no uid yet).
-            # If that VMI is gone (a restart racing the collector), the attachment becomes this call's.
-            attaching = attached is None or (
-                attached.uid is not None and not await self._vmi_exists(namespace, vmi, attached.uid)
-            )
-            status = current.status.model_copy(
-                update={
-                    "attached_to": Attachment(vmi=vmi, since=utcnow()) if attaching else attached,
-                    "bind_request": request,
-                }
-            )
-            outcome = await self._writer.replace_status(
-                kinds.GPU_DEVICE, current.model_copy(update={"status": status}).wire()
-            )
+            refusal = attach.refusal(current, device.name, vmi)
+            if refusal is not None:
+                raise Refusal(refusal)
+            assert current is not None  # a device gone is a refusal
+            earlier = attach.earlier_vmi(current)  # only then is the API asked: the view may lag a restart
+            gone = earlier is not None and not await self._vmi_exists(namespace, vmi, earlier)
+            step = attach.requested(current, vmi, request, utcnow(), earlier_gone=gone)
+            outcome = await self._writer.replace_status(kinds.GPU_DEVICE, step.device.wire())
             if not outcome.written:  # someone wrote first: decide again on what they wrote
                 current = _device(outcome.body)
                 continue
             writes.requested.append(device.name)
-            if attaching:
+            if step.attaching:
                 writes.attached.append(device.name)
             return
         raise Refusal(f"GPUDevice {device.name} kept changing while being attached; KubeVirt retries the start")
@@ -302,17 +289,9 @@ class VMIAdmission:
         with self._waiters.waiting((namespace, n) for n in request.devices) as changed:
             while True:
                 changed.clear()
-                devices = [self._cluster.device(namespace, n) for n in request.devices]
-                # An answer the binder has only assumed is not one yet: its write may still lose.
-                if all(
-                    d is not None
-                    and d.status.bind_request is not None
-                    and d.status.bind_request.id == request.id
-                    and d.status.bind_request.result is not None
-                    and not self._cluster.assumed(namespace, d.name)
-                    for d in devices
-                ):
-                    return [d for d in devices if d is not None]
+                devices = attach.answered(self._cluster, namespace, request)
+                if devices is not None:
+                    return devices
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
@@ -345,7 +324,7 @@ class VMIAdmission:
         for _ in range(CONFLICT_RETRIES):
             if current is None or current.metadata.uid != created.metadata.uid:
                 return
-            if admission.taken_over(current, request_id):
+            if attach.taken_over(current, request_id):
                 log.info("vmi.undo.left", device=created.name, request_id=request_id)
                 return
             outcome = await self._writer.delete(
@@ -374,7 +353,7 @@ class VMIAdmission:
                 return
             if FINALIZER_IN_USE not in current.metadata.finalizers:
                 return
-            kept = [f for f in current.metadata.finalizers if f != FINALIZER_IN_USE]
+            kept = lifecycle.protected(current.metadata.finalizers, protect=False)
             dropped = current.model_copy(update={"metadata": current.metadata.model_copy(update={"finalizers": kept})})
             outcome = await self._writer.replace(kinds.GPU_DEVICE, dropped.wire())
             if outcome.written:
@@ -386,7 +365,7 @@ class VMIAdmission:
         for _ in range(CONFLICT_RETRIES):
             if current is None:
                 return
-            undone = admission.undone(current, vmi, request_id, attached_by_us)
+            undone = attach.undone(current, vmi, request_id, attached_by_us)
             if undone is None:
                 return
             outcome = await self._writer.replace_status(kinds.GPU_DEVICE, undone.wire())

@@ -85,7 +85,7 @@ class Devices:
         request = device.status.bind_request
         if request is not None:
             self._by_request[request.id].add(key)
-            if request.result is None:
+            if request.open:
                 self._open_requests[request.id].add(key)
         if not device.holds_gpus:
             turn = self.turn(device)
@@ -119,7 +119,7 @@ class Devices:
             (self._by_node, device.status.node_name),
             (self._by_namespace, key[0]),
             (self._by_request, request.id if request else None),
-            (self._open_requests, request.id if request and request.result is None else None),
+            (self._open_requests, device.open_request.id if device.open_request else None),
         ):
             if value is not None:
                 _drop(index, value, key)
