@@ -18,9 +18,9 @@ venv: $(STAMP)
 crds: venv
 	$(BIN)/cozygpu crds --dir crds
 
-# The chart's copy of the no-bypass policy (§12), generated from cozygpu.runtime.policy.
+# The chart's copy of the no-bypass policy (§12), generated from cozygpu.runtime.admission.policy.
 chart-policy: venv
-	$(BIN)/python -c "from cozygpu.runtime import policy; print(policy.chart_file(), end='')" \
+	$(BIN)/python -c "from cozygpu.runtime.admission import policy; print(policy.chart_file(), end='')" \
 	  > charts/cozy-gpu-operator/files/no-bypass-policy.yaml
 
 # KubeVirt's full CRD set for the test control plane, printed by kv-dump from KubeVirt's source.

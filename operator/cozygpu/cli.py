@@ -27,7 +27,7 @@ from cozygpu import __version__, logs
 from cozygpu.api import crdgen
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.runtime import handlers
+from cozygpu.runtime.process import handlers
 from cozygpu.settings import Settings
 
 

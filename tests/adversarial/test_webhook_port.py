@@ -23,7 +23,7 @@ from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Body, Kube
-from cozygpu.runtime import webhooks
+from cozygpu.runtime.admission import webhooks
 from tests.adversarial.conftest import Tenant, assert_invariants, budget_body
 from tests.conftest import Gpu, GPUNodeFactory
 from tests.helpers import device_status, gpu_device_body, held

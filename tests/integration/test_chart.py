@@ -33,7 +33,7 @@ from cozygpu.devcluster import binaries, identity
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.devcluster.ports import free_port
 from cozygpu.kube.adapter import Kube
-from cozygpu.runtime import policy, webhooks
+from cozygpu.runtime.admission import policy, webhooks
 from cozygpu.settings import Settings
 
 pytestmark = pytest.mark.integration

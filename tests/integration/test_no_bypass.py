@@ -14,7 +14,7 @@ from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Forbidden, Kube
-from cozygpu.runtime import policy, webhooks
+from cozygpu.runtime.admission import policy, webhooks
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.helpers import gpu_class_body, gpu_device_body, vmi_body
 

@@ -12,7 +12,7 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.kube.adapter import Kube
-from cozygpu.runtime.app import Operator
+from cozygpu.runtime.process.app import Operator
 from cozygpu.settings import Settings
 from tests.conftest import Gpu
 from tests.helpers import gpu_device_body, vmi_body

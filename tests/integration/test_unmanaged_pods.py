@@ -12,7 +12,7 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
-from cozygpu.runtime import policy
+from cozygpu.runtime.admission import policy
 from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
 from tests.helpers import gpu_device_body
 

@@ -25,7 +25,7 @@ from cozygpu.api import hooks, kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
-from cozygpu.runtime import webhooks
+from cozygpu.runtime.admission import webhooks
 from tests.helpers import vmi_body
 from tests.reliability.soak import TALLY, runs
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
-from cozygpu.runtime.accountant import Accountant
 from cozygpu.runtime.view import View
+from cozygpu.runtime.workers.accountant import Accountant
 from tests.builders import A10, device, gpu_class, node
 from tests.support.memkube import MemKube
 from tests.support.workers import run_until

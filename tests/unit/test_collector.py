@@ -13,8 +13,8 @@ from typing import Any
 from cozygpu.api import kinds
 from cozygpu.api.meta import now
 from cozygpu.api.names import API_VERSION, FINALIZER_IN_USE, LABEL_TEMPLATE_DEVICE, TRUE
-from cozygpu.runtime.collector import Collector
 from cozygpu.runtime.view import View
+from cozygpu.runtime.workers.collector import Collector
 from cozygpu.runtime.writes import Writer
 from tests.support.memkube import MemKube
 from tests.support.workers import SHORT, posted, recorder, run_until

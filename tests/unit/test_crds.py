@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from cozygpu.api import KINDS, crdgen
-from cozygpu.runtime import policy
+from cozygpu.runtime.admission import policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -223,6 +223,6 @@ def test_kubevirt_fixture_is_the_real_schema() -> None:
 
 
 def test_the_charts_policy_file_is_the_codes() -> None:
-    """§12.3: charts/.../files/no-bypass-policy.yaml is what cozygpu.runtime.policy builds (run `make chart-policy`)."""
+    """§12.3: the chart's no-bypass-policy.yaml is what runtime.admission.policy builds (run `make chart-policy`)."""
     path = REPO / "charts" / "cozy-gpu-operator" / "files" / policy.CHART_FILE
     assert path.read_text() == policy.chart_file(), "run `make chart-policy`"

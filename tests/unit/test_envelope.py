@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from cozygpu.runtime.webhooks import envelope_problem
+from cozygpu.runtime.admission.webhooks import envelope_problem
 
 
 def review(**request: Any) -> dict[str, Any]:

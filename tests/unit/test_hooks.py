@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cozygpu.api import hooks
-from cozygpu.runtime import policy, webhooks
+from cozygpu.runtime.admission import policy, webhooks
 
 
 def test_each_hook_is_registered_once_at_its_path_for_its_kind_and_operations() -> None:

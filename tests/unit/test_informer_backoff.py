@@ -3,7 +3,7 @@ stream that had been working, so API server restarts minutes apart each recover 
 
 from __future__ import annotations
 
-from cozygpu.runtime.informer import HEALTHY, failures_after
+from cozygpu.runtime.watching.informer import HEALTHY, failures_after
 
 
 def test_failures_in_a_row_grow_the_backoff_and_a_working_stream_resets_it() -> None:

@@ -6,7 +6,7 @@ import asyncio
 
 from kopf._core.reactor.inventory import ResourceMemories
 
-from cozygpu.runtime import handlers
+from cozygpu.runtime.process import handlers
 from cozygpu.settings import Settings
 
 

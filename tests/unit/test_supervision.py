@@ -8,9 +8,9 @@ import asyncio
 import aiohttp
 import pytest
 
-from cozygpu.runtime import supervision
-from cozygpu.runtime.health import HealthServer
-from cozygpu.runtime.supervision import Supervisor
+from cozygpu.runtime.process import supervision
+from cozygpu.runtime.process.health import HealthServer
+from cozygpu.runtime.process.supervision import Supervisor
 
 
 def test_a_worker_that_fails_is_started_again_and_says_so_meanwhile(monkeypatch: pytest.MonkeyPatch) -> None:

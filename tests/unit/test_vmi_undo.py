@@ -15,9 +15,9 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
-from cozygpu.runtime.reservations import Reservations
-from cozygpu.runtime.vmi_webhook import Refusal, VMIAdmission
-from cozygpu.runtime.waiters import Waiters
+from cozygpu.runtime.admission.reservations import Reservations
+from cozygpu.runtime.admission.vmi_webhook import Refusal, VMIAdmission
+from cozygpu.runtime.admission.waiters import Waiters
 from tests.builders import A10, gpu_class, node
 from tests.support.memkube import MemKube
 from tests.support.writing import NS, device, writer

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from cozygpu.api import kinds
-from cozygpu.runtime.accountant import Accountant
-from cozygpu.runtime.binder import Binder
+from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.view import View
-from cozygpu.runtime.waiters import Waiters
+from cozygpu.runtime.workers.accountant import Accountant
+from cozygpu.runtime.workers.binder import Binder
 from cozygpu.state.cluster import Change, Cluster
 from tests.builders import A10, cluster, device, gpu_class, node, pod
 

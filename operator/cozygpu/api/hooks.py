@@ -1,8 +1,8 @@
 """The one table of the operator's admission webhooks: what each serves, for which kind and operations.
 
-kopf's registration (runtime.handlers), the configurations the operator registers in dev mode
-(runtime.webhooks, which tests/integration/test_chart.py holds the chart's to), the no-bypass
-policy's match rules (runtime.policy) and the gate's metrics (runtime.gate) all read it here,
+kopf's registration (runtime.process.handlers), the configurations the operator registers in dev mode
+(runtime.admission.webhooks, which tests/integration/test_chart.py holds the chart's to), the no-bypass
+policy's match rules (runtime.admission.policy) and the gate's metrics (runtime.admission.gate) all read it here,
 so a hook's target is spelled once.
 """
 

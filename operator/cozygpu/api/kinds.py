@@ -2,9 +2,9 @@
 
 A `Kind` is everything the adapter needs to build a URL (no discovery round trip), and the
 key the view's stores, its `Change`s and its subscriptions are kept by (state.cluster,
-runtime.view). `WATCHED` names the kinds the operator's own informers (runtime.informer)
-list and watch for the view, the resync (runtime.resync) included; `VIEWED` adds the
-launcher pods runtime.podwatch feeds it. kopf watches nothing (runtime.handlers).
+runtime.view). `WATCHED` names the kinds the operator's own informers (runtime.watching.informer)
+list and watch for the view, the resync (runtime.watching.resync) included; `VIEWED` adds the
+launcher pods runtime.watching.podwatch feeds it. kopf watches nothing (runtime.process.handlers).
 """
 
 from __future__ import annotations
@@ -113,6 +113,6 @@ SUBJECT_ACCESS_REVIEW = kind("SubjectAccessReview")
 # VMI's uid only.
 WATCHED: tuple[Kind, ...] = (GPU_CLASS, GPU_DEVICE, GPU_BUDGET, GPU_NODE, NODE, NAMESPACE, KUBEVIRT, VMI)
 # Every kind the view keeps. Pods are not watched like the rest: no server-side selector finds them all, and a
-# watch of every pod of a GPU cloud is what §13 forbids. runtime.podwatch watches launcher pods by
+# watch of every pod of a GPU cloud is what §13 forbids. runtime.watching.podwatch watches launcher pods by
 # label and finds the rest (pods that predate the no-bypass policy, §12) by a periodic paged list.
 VIEWED: tuple[Kind, ...] = (*WATCHED, POD)

@@ -1,6 +1,6 @@
 """The VMI admission rules of §3 as pure functions over fresh devices and the view.
 
-The webhook executor (runtime.vmi_webhook) reads the referenced devices fresh from
+The webhook executor (runtime.admission.vmi_webhook) reads the referenced devices fresh from
 the API and passes them in; everything else (classes, nodes, GPUNodes, budgets, the
 KubeVirt permitted table) comes from the cluster view. Every refusal is a message a
 tenant can act on, naming the object at fault.

@@ -1,6 +1,6 @@
 """The webhook's side of the bind protocol (§3, §4): attach the set with its request, wait, judge, undo.
 
-The VMI admission executor (runtime.vmi_webhook) first asks `already_placed` whether a
+The VMI admission executor (runtime.admission.vmi_webhook) first asks `already_placed` whether a
 reinvocation's answer is in place. Otherwise it reads each device fresh, asks `refusal`
 whether it may still attach it, writes what `requested` returns under the device's
 resourceVersion, and waits until `answered` hands it the set; `judge_answer` says whether

@@ -1,6 +1,6 @@
 """Who leads (§10: one active replica), decided from a coordination.k8s.io Lease.
 
-The executor (runtime.leadership) reads the Lease, asks `decide`, and writes what it
+The executor (runtime.process.leadership) reads the Lease, asks `decide`, and writes what it
 says under the Lease's resourceVersion, so two candidates never both win a round.
 A candidate that holds the Lease renews it; one that finds it expired takes it over.
 """

@@ -3,7 +3,7 @@
 `device_actions` says what one device needs given the view: record its VMI's uid,
 take that VMI as owner, detach from a VMI that is gone, delete a template device whose
 VMI is gone or never came, clear a stale request, keep the in-use finalizer exactly
-while a live VMI uses it. The collector (runtime.collector) calls it for the devices
+while a live VMI uses it. The collector (runtime.workers.collector) calls it for the devices
 an event touches and, as a safety net, for all of them on a sweep, and writes what
 `status_after` and `metadata_changes` build for each action.
 """

@@ -1,6 +1,6 @@
 """The device status changes the binder writes, as builders: device in, device out.
 
-Each returns a copy; the executor (runtime.binder) writes it with the device's
+Each returns a copy; the executor (runtime.workers.binder) writes it with the device's
 resourceVersion, so a concurrent writer makes the write fail instead of being lost.
 """
 

@@ -1,6 +1,6 @@
 """Admission of GPUDevice, GPUClass and GPUBudget (§9), as pure checks.
 
-The validating webhooks (runtime.validation) call these with the request's objects,
+The validating webhooks (runtime.admission.validation) call these with the request's objects,
 the requester's username and the operator's own; a returned string is the denial.
 """
 

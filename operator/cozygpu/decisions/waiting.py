@@ -1,6 +1,6 @@
 """The binder's waiting room (§5.5, §5.6): which devices wait for a node, in what order, which turned Lost.
 
-Called by the binder (runtime.binder) on each pass; pure reads of the view. First come
+Called by the binder (runtime.workers.binder) on each pass; pure reads of the view. First come
 first served is by creation time, then by when the view first saw the device (creation
 timestamps have one-second precision), then by name.
 """

@@ -1,6 +1,6 @@
 """Reads a kubeconfig's current context into plain connection fields.
 
-kopf logs in with these (runtime.app); pykube reads the same file itself. Kept here
+kopf logs in with these (runtime.process.app); pykube reads the same file itself. Kept here
 so the kubeconfig format is handled in the adapter layer only.
 """
 

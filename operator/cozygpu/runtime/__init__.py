@@ -1,5 +1,7 @@
-"""The operator process: kopf handlers feeding the cluster view, and the executors.
+"""The operator process, grouped by what each part does.
 
-`app.Operator` owns the cluster view, the binder and the node accountant; `handlers`
-registers the thin kopf handlers that call it; `health` serves /healthz and /readyz.
+At the top, what every group shares: `view` (the one door into the cluster view), `writes` (the
+one writer), `events` (Kubernetes Events) and `metrics`. Below, `watching` feeds the door,
+`workers` decide and write, `admission` answers the API server's reviews, and `process` wires
+them into one operator. Import-linter contracts keep the groups apart (pyproject.toml).
 """

@@ -1,6 +1,6 @@
 """The one door into the cluster view: everything that changes it comes through here.
 
-Watch events and lists (runtime.informer, runtime.podwatch, the resync too), the responses
+Watch events and lists (runtime.watching.informer, runtime.watching.podwatch, the resync too), the responses
 of our own writes and fresh reads (runtime.writes), and the binder's decisions in flight
 (`assume`, `settle`, through the writer) all go through `View`, the only caller of the
 `Cluster`'s private mutators (tests/unit/test_layout.py holds every other module to its

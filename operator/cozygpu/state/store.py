@@ -3,7 +3,7 @@
 Callers: `state.cluster` keeps one `Store` per kind the view holds (pods keep their own,
 `state.pods`, to the same `Versioned` contract) and asks it whether an event is news
 before any index moves: not older than what is stored, not the late echo of a removal
-(`tombstones`). The resync (runtime.resync) reads what is held through `Versioned`
+(`tombstones`). The resync (runtime.watching.resync) reads what is held through `Versioned`
 alone, the same way for every kind.
 """
 

@@ -5,7 +5,7 @@ the guard (or one that predates it) can be seen, and placement does not count th
 units as free. Watching every pod of a GPU cloud is out of the question, so:
 
 - launcher pods (virt-controller's label) running on a node: an informer
-  (runtime.informer) with a label and a field selector. Every VM's launcher is in it,
+  (runtime.watching.informer) with a label and a field selector. Every VM's launcher is in it,
   the operator's own and those of VMIs it did not admit.
 - every other pod: a paged list of pods running on a node, at start-up and every
   `pod_scan_interval`. Since the no-bypass policy (§12.1) no new pod outside an exempt
@@ -29,8 +29,8 @@ from cozygpu.api import kinds
 from cozygpu.api.names import LABEL_KUBEVIRT, LAUNCHER
 from cozygpu.api.pods import EXTENDED, asked
 from cozygpu.kube.adapter import AsyncKube
-from cozygpu.runtime.informer import Informer
 from cozygpu.runtime.view import View
+from cozygpu.runtime.watching.informer import Informer
 from cozygpu.runtime.writes import Writer
 
 log = structlog.get_logger("cozygpu.pods")

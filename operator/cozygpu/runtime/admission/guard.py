@@ -1,6 +1,6 @@
 """The no-bypass policy's parameter (§12.3): the managed GPU resources, published for the API server.
 
-The ValidatingAdmissionPolicy (runtime.policy) reads which resources are managed from one
+The ValidatingAdmissionPolicy (runtime.admission.policy) reads which resources are managed from one
 ConfigMap in the operator's namespace, which this worker keeps equal to the resourceNames
 of the view's GPUClasses: written when a class changes (`changed`), and made sure of every
 interval, since anyone with rights in that namespace could delete it (the policy then guards
@@ -18,7 +18,7 @@ import structlog
 
 from cozygpu.api import kinds
 from cozygpu.kube.adapter import ApiError, AsyncKube
-from cozygpu.runtime import policy
+from cozygpu.runtime.admission import policy
 from cozygpu.state.cluster import Change, Cluster
 
 log = structlog.get_logger("cozygpu.guard")

@@ -1,12 +1,12 @@
 """The operator process, as wiring: one cluster view and its door, the one writer, the workers.
 
-`Operator` is what the kopf handlers (runtime.handlers) call for start-up, clean-up and
-login; their admission handlers go to the gate (runtime.gate). The informers
-(runtime.informer, runtime.podwatch) feed the view's door (runtime.view), whose changes
+`Operator` is what the kopf handlers (runtime.process.handlers) call for start-up, clean-up and
+login; their admission handlers go to the gate (runtime.admission.gate). The informers
+(runtime.watching.informer, runtime.watching.podwatch) feed the view's door (runtime.view), whose changes
 wake the workers that subscribed. `startup` seeds the view with a resync
-(runtime.resync), learns its own identity, starts the workers under supervision
-(runtime.supervision), serves (and in dev mode registers) the webhooks
-(runtime.registration), and only then reports ready.
+(runtime.watching.resync), learns its own identity, starts the workers under supervision
+(runtime.process.supervision), serves (and in dev mode registers) the webhooks
+(runtime.admission.registration), and only then reports ready.
 """
 
 from __future__ import annotations
@@ -27,27 +27,28 @@ from cozygpu.api import kinds
 from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.kube import credentials
 from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
-from cozygpu.runtime import leadership, webhooks
-from cozygpu.runtime.accountant import Accountant
-from cozygpu.runtime.binder import Binder
-from cozygpu.runtime.collector import Collector
+from cozygpu.runtime.admission import webhooks
+from cozygpu.runtime.admission.gate import Gate
+from cozygpu.runtime.admission.guard import ManagedResources
+from cozygpu.runtime.admission.pod_webhook import LauncherAdmission
+from cozygpu.runtime.admission.registration import Registration
+from cozygpu.runtime.admission.reservations import Reservations
+from cozygpu.runtime.admission.validation import Validation
+from cozygpu.runtime.admission.vmi_webhook import VMIAdmission
+from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.events import Recorder
-from cozygpu.runtime.gate import Gate
-from cozygpu.runtime.guard import ManagedResources
-from cozygpu.runtime.health import HealthServer
-from cozygpu.runtime.informer import Informer
 from cozygpu.runtime.metrics import Metrics
-from cozygpu.runtime.metrics_auth import MetricsGuard
-from cozygpu.runtime.pod_webhook import LauncherAdmission
-from cozygpu.runtime.podwatch import PodWatch
-from cozygpu.runtime.registration import Registration
-from cozygpu.runtime.reservations import Reservations
-from cozygpu.runtime.resync import Resync
-from cozygpu.runtime.supervision import Supervisor
-from cozygpu.runtime.validation import Validation
+from cozygpu.runtime.process import leadership
+from cozygpu.runtime.process.health import HealthServer
+from cozygpu.runtime.process.metrics_auth import MetricsGuard
+from cozygpu.runtime.process.supervision import Supervisor
 from cozygpu.runtime.view import View
-from cozygpu.runtime.vmi_webhook import VMIAdmission
-from cozygpu.runtime.waiters import Waiters
+from cozygpu.runtime.watching.informer import Informer
+from cozygpu.runtime.watching.podwatch import PodWatch
+from cozygpu.runtime.watching.resync import Resync
+from cozygpu.runtime.workers.accountant import Accountant
+from cozygpu.runtime.workers.binder import Binder
+from cozygpu.runtime.workers.collector import Collector
 from cozygpu.runtime.writes import Writer
 from cozygpu.settings import Settings
 from cozygpu.state.cluster import Change, Cluster
@@ -263,7 +264,7 @@ class Operator:
         if self.settings.webhook_mode != "off":
             workers["webhooks"] = lambda: self.registration.serve(self.validation.operator_user)
             workers["guard"] = self.guard.run
-        # Each worker started again after any failure (runtime.supervision); leadership is not: a renewal
+        # Each worker started again after any failure (runtime.process.supervision); leadership is not: a renewal
         # that fails is its own business, and losing the Lease ends the process (§10).
         self._tasks = [self.supervisor.start(name, run) for name, run in workers.items()]
         if self.leadership is not None:

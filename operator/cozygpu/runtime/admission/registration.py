@@ -16,7 +16,7 @@ import structlog
 
 from cozygpu.api import kinds
 from cozygpu.kube.adapter import ApiError, AsyncKube, Forbidden, Invalid
-from cozygpu.runtime import policy, webhooks
+from cozygpu.runtime.admission import policy, webhooks
 from cozygpu.settings import Settings
 
 log = structlog.get_logger("cozygpu.operator")
@@ -26,7 +26,7 @@ class Registration:
     def __init__(self, settings: Settings, kube: AsyncKube, namespace: str) -> None:
         self._settings = settings
         self._kube = kube
-        self._namespace = namespace  # the operator's: where the policy's parameter lives (runtime.guard)
+        self._namespace = namespace  # the operator's: where the policy's parameter lives (runtime.admission.guard)
         self.serving: webhooks.Serving | None = None  # set by `configure` in dev mode
         self.ready = settings.webhook_mode == "off"
 

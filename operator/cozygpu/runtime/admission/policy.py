@@ -4,7 +4,7 @@ kube-scheduler knows nothing of held devices, so nothing may consume a managed G
 (the `resourceName` of any GPUClass) behind the operator's back. What CEL can decide alone
 lives here: it holds while the operator is down and costs no webhook round trip. Its
 parameter is the managed resources, which the operator publishes in a ConfigMap of its
-namespace (`parameter`, kept by runtime.guard), not the GPUClasses themselves: an API server
+namespace (`parameter`, kept by runtime.admission.guard), not the GPUClasses themselves: an API server
 resolves a custom kind as a parameter only once its discovery has caught up, and until then,
 some 30 s after every restart, a fail-closed policy with one refuses every pod and VMI
 create in the cluster (kubernetes/kubernetes#124237; measured here). A core kind always
@@ -14,7 +14,7 @@ the pair fails closed rather than admit a VMI without its GPUs); so is a Pod ask
 unless KubeVirt's controller renders it as a launcher (whose units and node the pod webhook
 then checks, §12.2). Namespaces are exempt only by name, from the operator's settings (the
 chart's list), never by a label a tenant's admin could set. The builders return objects;
-`cozygpu run --dev` registers them (runtime.app) and the chart ships the same.
+`cozygpu run --dev` registers them (runtime.process.app) and the chart ships the same.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from cozygpu.api import hooks
 from cozygpu.api.names import ANNOTATION_ADMITTED, ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
 
 NAME = "cozy-gpu-operator-no-bypass"
-# The parameter: a ConfigMap in the operator's namespace that it keeps (runtime.guard).
+# The parameter: a ConfigMap in the operator's namespace that it keeps (runtime.admission.guard).
 MANAGED_RESOURCES = "cozy-gpu-managed-resources"
 RESOURCES_KEY = "resources"
 
@@ -163,5 +163,5 @@ CHART_FILE = "no-bypass-policy.yaml"
 def chart_file() -> str:
     """The policy as the chart's files/ hold it (`make chart-policy` writes it); the chart's template renders the
     binding, whose exempt namespaces are a value (a test holds it to `binding`)."""
-    header = "# Generated from cozygpu.runtime.policy by `make chart-policy`; a test fails on drift.\n"
+    header = "# Generated from cozygpu.runtime.admission.policy by `make chart-policy`; a test fails on drift.\n"
     return header + yaml.safe_dump(policy(CHART_USER), sort_keys=False, width=1000)

@@ -1,6 +1,6 @@
 """The VMI admission executor (§3, §4): checks, then the bind, then the patch.
 
-Called by the mutating webhook handler (runtime.handlers) for CREATE of VMIs with
+Called by the mutating webhook handler (runtime.process.handlers) for CREATE of VMIs with
 the device-reference label. Referenced devices and the VMI's name are read fresh
 from the API through the writer, into the view; the rest comes from the view. A
 refusal after any write undoes exactly what this call wrote before it answers;
@@ -26,9 +26,9 @@ from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions import admission, attach, budgets, lifecycle
 from cozygpu.decisions.admission import Member
 from cozygpu.kube.adapter import ApiError
+from cozygpu.runtime.admission.reservations import Reservations
+from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.events import Recorder
-from cozygpu.runtime.reservations import Reservations
-from cozygpu.runtime.waiters import Waiters
 from cozygpu.runtime.writes import Outcome, State, Writer
 from cozygpu.state.cluster import Cluster
 

@@ -1,4 +1,4 @@
-"""The admission gate: what kopf's webhook handlers (runtime.handlers) call.
+"""The admission gate: what kopf's webhook handlers (runtime.process.handlers) call.
 
 Each call runs its executor (the VMI webhook, the launcher pod webhook, validation),
 turns its outcome into kopf's answer (a refusal is a 403 the tenant reads, a failure
@@ -15,11 +15,11 @@ from typing import Any
 
 import kopf
 
-from cozygpu.runtime import webhooks
+from cozygpu.runtime.admission import webhooks
+from cozygpu.runtime.admission.pod_webhook import LauncherAdmission, PodRefused
+from cozygpu.runtime.admission.validation import Denied, Validation
+from cozygpu.runtime.admission.vmi_webhook import InternalError, Refusal, VMIAdmission
 from cozygpu.runtime.metrics import Metrics
-from cozygpu.runtime.pod_webhook import LauncherAdmission, PodRefused
-from cozygpu.runtime.validation import Denied, Validation
-from cozygpu.runtime.vmi_webhook import InternalError, Refusal, VMIAdmission
 
 
 class Gate:

@@ -11,7 +11,7 @@ own and the view agrees with the API again once it answers. `failing` says what 
 until then, for /readyz.
 
 Called by the Operator (one per watched kind; the resync lists through them), and by
-the pod watch (runtime.podwatch) with selectors. kopf watches nothing: no per-object
+the pod watch (runtime.watching.podwatch) with selectors. kopf watches nothing: no per-object
 state of kopf's is kept, and no handler machinery runs per event.
 """
 

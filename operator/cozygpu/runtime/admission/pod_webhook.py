@@ -1,6 +1,6 @@
 """The pod admission executor (§12.2): launcher pods pinned to their VMI's set, other GPU pods refused.
 
-Called by the mutating webhook handler (runtime.handlers) for CREATE of pods that the
+Called by the mutating webhook handler (runtime.process.handlers) for CREATE of pods that the
 webhook configuration lets through (launcher pods asking for an extended resource).
 It decides from the view: every device the VMI webhook attached and every answer the
 binder wrote went into the view when its write returned, so a pod rendered after its

@@ -3,7 +3,7 @@
 Called by the Operator once at start-up, where it seeds the view and each informer's
 watch resumes from its list, and then every sweep interval by `Resync.every`: the
 safety net for whatever a watch could not say. Each kind is listed by its informer
-(runtime.informer), so a list means the same thing everywhere.
+(runtime.watching.informer), so a list means the same thing everywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from cozygpu.runtime.informer import Informer
+from cozygpu.runtime.watching.informer import Informer
 
 log = structlog.get_logger("cozygpu.operator")
 

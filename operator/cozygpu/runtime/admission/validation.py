@@ -14,7 +14,7 @@ import structlog
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice
 from cozygpu.decisions import validation
 from cozygpu.decisions.budgets import Order
-from cozygpu.runtime.reservations import Reservations
+from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.webhook")

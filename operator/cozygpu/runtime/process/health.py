@@ -1,6 +1,6 @@
 """/healthz, /readyz and /metrics over plain HTTP (§10): ready only once nothing decides on a partial view;
 alive while no task the process needs has died (a blocked event loop answers nothing, which the probe's
-timeout reads the same way). /metrics answers only callers the guard allows (§14.4, runtime.metrics_auth)."""
+timeout reads the same way). /metrics answers only callers the guard allows (§14.4, runtime.process.metrics_auth)."""
 
 from __future__ import annotations
 

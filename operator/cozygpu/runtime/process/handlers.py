@@ -2,7 +2,7 @@
 
 kopf runs the process (start-up, clean-up, login) and serves the admission handlers
 at /<id> on the webhook server the Operator configures. It watches nothing: the
-operator's informers (runtime.informer) do, so kopf writes no progress annotations or
+operator's informers (runtime.watching.informer) do, so kopf writes no progress annotations or
 finalizers on anything and keeps no per-object state.
 """
 
@@ -15,8 +15,8 @@ import kopf
 from kopf._core.reactor import inventory  # kopf keeps its memories' type private
 
 from cozygpu.api import hooks
-from cozygpu.runtime import leadership
-from cozygpu.runtime.app import Operator
+from cozygpu.runtime.process import leadership
+from cozygpu.runtime.process.app import Operator
 from cozygpu.settings import Settings
 
 
