@@ -131,3 +131,13 @@ _READS_OUR_KINDS = re.compile(r"kube\.(get|get_or_none|list)\(kinds\.(GPU_|VMI\b
 def test_only_the_writer_reads_the_views_kinds_fresh() -> None:
     """Issue 20 item 4: a fresh read goes through `Writer.read`, so what it finds reaches the view too."""
     assert offenders(_READS_OUR_KINDS, "writes.py") == []
+
+
+def test_no_module_of_the_operator_is_over_400_lines() -> None:
+    """Small modules named by concept (issue 20): a module past 400 lines holds more than one job."""
+    long = {
+        p.relative_to(PACKAGE).as_posix(): n
+        for p in PACKAGE.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert long == {}

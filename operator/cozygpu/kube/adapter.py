@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import functools
 import json
 import threading
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -25,6 +24,13 @@ import requests
 
 from cozygpu.api import kinds as known
 from cozygpu.api.kinds import Kind
+from cozygpu.kube.errors import AlreadyExists, ApiError, Conflict, Forbidden, Invalid, NotFound, error_of
+from cozygpu.kube.http import client, settled
+from cozygpu.kube.watch import Watch, selectors
+
+# The one surface: callers import the errors and the watch from here.
+__all__ = ["AlreadyExists", "ApiError", "AsyncKube", "Body", "Conflict", "Forbidden", "Invalid", "Kube", "NotFound"]
+__all__ += ["Watch"]
 
 Body = dict[str, Any]
 
@@ -32,76 +38,9 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class ApiError(Exception):
-    """The API server said no; `status` is the HTTP code, `reason` its StatusReason."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-
-class NotFound(ApiError):
-    pass
-
-
-class Conflict(ApiError):
-    """A resourceVersion or UID precondition failed: someone wrote first."""
-
-
-class AlreadyExists(ApiError):
-    pass
-
-
-class Invalid(ApiError):
-    """The object broke a schema or validation rule (HTTP 422)."""
-
-
-class Forbidden(ApiError):
-    pass
-
-
-def _error(response: requests.Response, what: str) -> ApiError:
-    reason, message = "", response.text
-    try:
-        status = response.json()
-        reason = status.get("reason", "")
-        message = status.get("message", message)
-    except ValueError:
-        pass
-    code = response.status_code
-    text = f"{what}: {message}"
-    if code == 404:
-        return NotFound(code, reason, text)
-    if code == 409:
-        cls: type[ApiError] = AlreadyExists if reason == "AlreadyExists" else Conflict
-        return cls(code, reason, text)
-    if code == 422:
-        return Invalid(code, reason, text)
-    if code == 403:
-        return Forbidden(code, reason, text)
-    return ApiError(code, reason, text)
-
-
 def _describe(kind: Kind, name: str | None, namespace: str | None) -> str:
     where = f"{namespace}/" if namespace else ""
     return f"{kind.kind} {where}{name}" if name else f"{kind.kind}s"
-
-
-def _client(config: pykube.KubeConfig, timeout: float, connections: int) -> pykube.HTTPClient:
-    """pykube's client keeping up to `connections` connections open: one per concurrent caller, reused
-    (requests' default of 10 would open and close a TLS connection for every call past the tenth)."""
-    adapter = pykube.http.KubernetesHTTPAdapter(config, pool_connections=1, pool_maxsize=connections)
-    return _settled(pykube.HTTPClient(config, timeout=timeout, http_adapter=adapter))
-
-
-def _settled(api: pykube.HTTPClient) -> pykube.HTTPClient:
-    """The environment's proxies read once, not on every call: requests otherwise looks for a .netrc and
-    re-reads the proxy variables per request, a tenth of the operator's CPU under load (§13)."""
-    api.session.proxies = requests.utils.get_environ_proxies(api.url)
-    api.session.trust_env = False
-    return api
 
 
 class Kube:
@@ -112,17 +51,17 @@ class Kube:
 
     @classmethod
     def from_kubeconfig(cls, path: str | Path, timeout: float = 30.0, connections: int = 10) -> Kube:
-        return cls(_client(pykube.KubeConfig.from_file(str(path)), timeout, connections))
+        return cls(client(pykube.KubeConfig.from_file(str(path)), timeout, connections))
 
     @classmethod
     def in_cluster(cls, timeout: float = 30.0, connections: int = 10) -> Kube:
-        return cls(_client(pykube.KubeConfig.from_service_account(), timeout, connections))
+        return cls(client(pykube.KubeConfig.from_service_account(), timeout, connections))
 
     def impersonating(self, user: str, extra: Mapping[str, str] | None = None) -> Kube:
         """A client with the same credentials acting as `user`, with extra user info (RBAC's `impersonate`).
 
         The dev tools play node agents this way: virt-handler's writes carry the node they come from."""
-        api = _settled(pykube.HTTPClient(self._api.config, timeout=self._api.timeout))
+        api = settled(pykube.HTTPClient(self._api.config, timeout=self._api.timeout))
         api.session.headers["Impersonate-User"] = user
         for key, value in (extra or {}).items():
             api.session.headers[f"Impersonate-Extra-{urllib.parse.quote(key, safe='')}"] = value
@@ -152,7 +91,7 @@ class Kube:
             kwargs["headers"] = {"Content-Type": content_type}
         response = self._api.request(method, **kwargs)
         if not response.ok:
-            raise _error(response, _describe(kind, name or about, namespace))
+            raise error_of(response, _describe(kind, name or about, namespace))
         result: Body = response.json()
         return result
 
@@ -179,7 +118,7 @@ class Kube:
         """One page of a list across namespaces: its items, the list's resourceVersion (every page of one
         list shows the same point in time) and the token for the next page, empty after the last."""
         params = {"limit": str(limit), **({"continue": after} if after else {})}
-        params.update(_selectors(label_selector, field_selector))
+        params.update(selectors(label_selector, field_selector))
         answer = self._call("GET", kind, params=params)
         meta = answer.get("metadata", {})
         return answer["items"], str(meta.get("resourceVersion", "")), str(meta.get("continue") or "")
@@ -201,10 +140,10 @@ class Kube:
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout),
-            **_selectors(label_selector, field_selector),
+            **selectors(label_selector, field_selector),
         }
         # A session of its own: a stream held for minutes must not take one of the callers' connections.
-        api = _settled(pykube.HTTPClient(self._api.config, timeout=self._api.timeout))
+        api = settled(pykube.HTTPClient(self._api.config, timeout=self._api.timeout))
         return Watch(api, kind, params, timeout)
 
     def list(self, kind: Kind, namespace: str | None = None, label_selector: str | None = None) -> list[Body]:
@@ -315,49 +254,6 @@ class Kube:
         """GET a non-resource path such as /readyz; the caller reads the response."""
         response: requests.Response = self._api.session.get(self._api.url + path, timeout=self._api.timeout)
         return response
-
-
-def _selectors(label_selector: str, field_selector: str) -> dict[str, str]:
-    return {
-        **({"labelSelector": label_selector} if label_selector else {}),
-        **({"fieldSelector": field_selector} if field_selector else {}),
-    }
-
-
-class Watch:
-    """One watch stream: iterate for (type, object) pairs; `close` ends it from another thread."""
-
-    def __init__(self, api: pykube.HTTPClient, kind: Kind, params: dict[str, str], timeout: int) -> None:
-        self._api, self._kind, self._params, self._timeout = api, kind, params, timeout
-        self._response: requests.Response | None = None
-        self._closed = False
-
-    def __iter__(self) -> Iterator[tuple[str, Body]]:
-        response = self._api.request(
-            "GET", version=self._kind.api_version, url=self._kind.plural, params=self._params,
-            stream=True, timeout=(10, self._timeout + 30),
-        )  # fmt: skip
-        self._response = response
-        try:
-            if not response.ok:
-                raise _error(response, f"{self._kind.kind}s")
-            for line in response.iter_lines():
-                if self._closed:
-                    return
-                if line:
-                    event = json.loads(line)
-                    yield str(event.get("type", "")), event.get("object") or {}
-        finally:
-            response.close()
-            self._api.session.close()
-
-    def close(self) -> None:
-        """End the stream now. Closing the response here would wait for the reading thread's lock (until the
-        server next sends something); shutting the socket down wakes that thread, which closes it."""
-        self._closed = True
-        if self._response is not None:
-            with contextlib.suppress(Exception):  # already released: the stream has ended anyway
-                self._response.raw.shutdown()
 
 
 _END = object()
