@@ -25,8 +25,9 @@ from cozygpu.devcluster.harness import (
     write_request,
 )
 from cozygpu.kube.adapter import Body, Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_operator, wait_until_accounted
-from tests.helpers import gpu_class_body, gpu_device_body
+from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.nodes import Gpu, GPUNodeFactory, wait_until_accounted
+from tests.support.operators import start_operator
 
 pytestmark = pytest.mark.integration
 

@@ -11,8 +11,9 @@ from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_class_body, gpu_device_body, unique, update
+from tests.support.bodies import gpu_class_body, gpu_device_body, unique
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import update
 
 pytestmark = pytest.mark.integration
 

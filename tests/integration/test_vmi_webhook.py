@@ -20,8 +20,10 @@ from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION
 from cozygpu.devcluster import nodes
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_class_body, gpu_device_body, held, leftovers, refused, unique, vmi_body
+from tests.support.bodies import gpu_class_body, gpu_device_body, unique, vmi_body
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import held
+from tests.support.refusals import leftovers, refused
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("nothing_stale")]
 

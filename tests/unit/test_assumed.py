@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from cozygpu.api import GPUDevice
 from cozygpu.decisions import transitions
 from cozygpu.decisions.placement import Placement, place
-from tests.builders import A10, EPOCH, cluster, device, gpu_class, node
+from tests.support.views import A10, EPOCH, cluster, device, gpu_class, node
 
 
 def with_version(body: dict[str, Any], rv: int) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from cozygpu.decisions.placement import Placement, place, place_scanning
 from cozygpu.decisions.waiting import fits_now, in_turn, must_decide, overtakes, to_decide
 from cozygpu.state import serving
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
-from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class, node, pod, rv
+from tests.support.views import A10, EPOCH, L40S, cluster, device, gpu_class, node, pod, rv
 
 
 class CountingNodes(dict[str, Any]):

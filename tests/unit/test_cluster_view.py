@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cozygpu.state.cluster import KINDS, Cluster
-from tests.builders import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, request
+from tests.support.views import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, request
 
 
 def test_an_older_event_does_not_overwrite_a_newer_write() -> None:

@@ -6,7 +6,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.state.cluster import Cluster
-from tests.builders import A10, EPOCH, budget, cluster, device, gpu_class, node, request
+from tests.support.views import A10, EPOCH, budget, cluster, device, gpu_class, node, request
 
 
 def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -6,7 +6,7 @@ import datetime as dt
 
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.decisions.requests import Answer, Wait, assess
-from tests.builders import A10, EPOCH, budget, cluster, device, gpu_class, node, request
+from tests.support.views import A10, EPOCH, budget, cluster, device, gpu_class, node, request
 
 NOW = EPOCH + dt.timedelta(seconds=5)
 LATE = dt.timedelta(seconds=10)

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from cozygpu.api import ConditionStatus, GPUBudget, GPUClass
 from cozygpu.decisions.usestatus import ClassTotals, budget_status, class_status
-from tests.builders import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, pod
+from tests.support.views import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, pod
 
 
 def test_budget_status_counts_use_per_class_and_in_total() -> None:

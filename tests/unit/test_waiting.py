@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cozygpu.api import GPUDevice
 from cozygpu.decisions.waiting import in_turn, lost, overtakes
-from tests.builders import A10, EPOCH, cluster, device, gpu_class, node, request
+from tests.support.views import A10, EPOCH, cluster, device, gpu_class, node, request
 
 
 def _dev(*args: object, **kwargs: object) -> GPUDevice:
