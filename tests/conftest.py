@@ -8,7 +8,6 @@ tests/support, which tests import directly.
 
 from __future__ import annotations
 
-import itertools
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -22,7 +21,7 @@ from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Body, Kube
 from tests.support.bodies import gpu_class_body
 from tests.support.invariants import stale
-from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu, wait_until_accounted
+from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu, gpu_node_name, wait_until_accounted
 from tests.support.operators import start_admitting_operator, start_operator, unregister_webhooks
 
 
@@ -103,9 +102,6 @@ def nothing_stale(kube: Kube, namespace: str) -> Iterator[None]:
     wait_for("nothing stale", lambda: not stale(kube, namespace), timeout=15)
 
 
-_node_numbers = itertools.count()
-
-
 @pytest.fixture
 def gpu_node(kube: Kube) -> Iterator[GPUNodeFactory]:
     """Creates fake GPU nodes with unique names; deletes them after the test."""
@@ -120,7 +116,7 @@ def gpu_node(kube: Kube) -> Iterator[GPUNodeFactory]:
         ready: bool = True,
         name: str | None = None,
     ) -> Body:
-        name = name or f"gpu-node-{next(_node_numbers)}-{uuid.uuid4().hex[:4]}"
+        name = name or gpu_node_name()
         body = nodes.create_gpu_node(
             kube, name, gpus, labels=labels, taints=taints, unschedulable=unschedulable, ready=ready
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,6 +28,13 @@ def fresh_gpu() -> Gpu:
 
 
 GPUNodeFactory = Callable[..., Body]
+
+_node_numbers = itertools.count()
+
+
+def gpu_node_name() -> str:
+    """A fake GPU node's name, unique in the session."""
+    return f"gpu-node-{next(_node_numbers)}-{uuid.uuid4().hex[:4]}"
 
 
 def wait_until_accounted(kube: Kube, node: str, gpus: Mapping[str, int], labels: Mapping[str, str]) -> None:
