@@ -2,15 +2,14 @@
 
 The control plane is started lazily by the first test that asks for it, so unit
 tests run without it. Its binaries come from KUBEBUILDER_ASSETS or the hack
-script's cache (built on first use).
+script's cache (built on first use). Fixtures only: what they are built from is in
+tests/support, which tests import directly.
 """
 
 from __future__ import annotations
 
-import itertools
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,10 +18,11 @@ from cozygpu.api import kinds
 from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube.adapter import ApiError, Body, Kube
-from tests.helpers import gpu_class_body, gpu_device_body, stale
-
-REPO = Path(__file__).resolve().parents[1]
+from cozygpu.kube.adapter import Body, Kube
+from tests.support.bodies import gpu_class_body
+from tests.support.invariants import stale
+from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu, gpu_node_name, wait_until_accounted
+from tests.support.operators import start_admitting_operator, start_operator, unregister_webhooks
 
 
 @pytest.fixture(scope="session")
@@ -34,9 +34,6 @@ def control_plane() -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def kube(control_plane: ControlPlane) -> Kube:
     return control_plane.kube()
-
-
-OPERATOR_USER = identity.USERNAME
 
 
 @pytest.fixture(scope="session")
@@ -70,18 +67,6 @@ def as_operator(operator_kubeconfig: Path) -> Kube:
     return Kube.from_kubeconfig(operator_kubeconfig)
 
 
-def start_operator(kubeconfig: Path, directory: Path, *args: str) -> OperatorProcess:
-    """An operator process the node helpers know is running (they then wait until it has seen new nodes)."""
-    process = OperatorProcess(kubeconfig, directory / "operator.log", *args).start()
-    _RUNNING.append(process)
-    return process
-
-
-def start_admitting_operator(kubeconfig: Path, directory: Path, *extra: str) -> OperatorProcess:
-    """The whole operator with webhooks (--dev), as its own identity, so the template-label rule can tell it apart."""
-    return start_operator(kubeconfig, directory, "--dev", *extra)
-
-
 @pytest.fixture(scope="module")
 def admitting(
     control_plane: ControlPlane, operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
@@ -91,27 +76,6 @@ def admitting(
     yield process
     process.stop()
     unregister_webhooks(control_plane.kube())
-
-
-def unregister_webhooks(kube: Kube) -> None:
-    """Delete the dev configurations, then wait until the API server's cache of them has let go too.
-
-    Without the wait, the next writes (a cleanup, the next module's) may still be sent to a dead port.
-    """
-    kube.delete(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")
-    kube.delete(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator")
-
-    def let_go() -> bool:
-        try:
-            kube.create(kinds.GPU_DEVICE, gpu_device_body(f"probe-{uuid.uuid4().hex[:8]}", "default", "none"),
-                        dry_run=True)  # fmt: skip
-        except ApiError as e:
-            if "failed calling webhook" in e.message:
-                return False
-            raise
-        return True
-
-    wait_for("the API server to stop calling removed webhooks", let_go, timeout=15)
 
 
 @pytest.fixture(scope="module")
@@ -138,42 +102,6 @@ def nothing_stale(kube: Kube, namespace: str) -> Iterator[None]:
     wait_for("nothing stale", lambda: not stale(kube, namespace), timeout=15)
 
 
-_node_numbers = itertools.count()
-
-
-def wait_until_accounted(kube: Kube, node: str, gpus: Mapping[str, int], labels: Mapping[str, str]) -> None:
-    """When a class serves the node and an operator runs, wait until its GPUNode shows the units.
-
-    The operator decides from its view, which hears of a new node a moment later; a test
-    that creates a device right after the node would otherwise race that watch event.
-    """
-    served = {
-        c["spec"]["resourceName"]
-        for c in kube.list(kinds.GPU_CLASS)
-        if c["spec"]["resourceName"] in gpus
-        and all(labels.get(k) == v for k, v in (c["spec"].get("nodeSelector") or {}).items())
-    }
-    if not served or not _operator_running():
-        return
-
-    def accounted() -> bool:
-        body = kube.get_or_none(kinds.GPU_NODE, node) or {}
-        have = {r["name"]: r["allocatable"] for r in body.get("status", {}).get("resources", [])}
-        return all(have.get(r) == gpus[r] for r in served)
-
-    wait_for(f"GPUNode {node} accounted", accounted, timeout=20)
-
-
-_RUNNING: list[OperatorProcess] = []
-
-
-def _operator_running() -> bool:
-    return any(p.proc is not None and p.proc.poll() is None for p in _RUNNING)
-
-
-GPUNodeFactory = Callable[..., Body]
-
-
 @pytest.fixture
 def gpu_node(kube: Kube) -> Iterator[GPUNodeFactory]:
     """Creates fake GPU nodes with unique names; deletes them after the test."""
@@ -188,7 +116,7 @@ def gpu_node(kube: Kube) -> Iterator[GPUNodeFactory]:
         ready: bool = True,
         name: str | None = None,
     ) -> Body:
-        name = name or f"gpu-node-{next(_node_numbers)}-{uuid.uuid4().hex[:4]}"
+        name = name or gpu_node_name()
         body = nodes.create_gpu_node(
             kube, name, gpus, labels=labels, taints=taints, unschedulable=unschedulable, ready=ready
         )
@@ -201,17 +129,10 @@ def gpu_node(kube: Kube) -> Iterator[GPUNodeFactory]:
         kube.delete(kinds.NODE, name)
 
 
-@dataclass(frozen=True)
-class Gpu:
-    resource: str
-    cls: str
-
-
 @pytest.fixture
 def gpu(kube: Kube) -> Iterator[Gpu]:
     """A fresh resource name and a passthrough class for it: no other test's nodes compete."""
-    tag = uuid.uuid4().hex[:6]
-    g = Gpu(f"example.com/gpu-{tag}", f"cls-{tag}")
+    g = fresh_gpu()
     kube.create(kinds.GPU_CLASS, gpu_class_body(g.cls, g.resource))
     yield g
     kube.delete(kinds.GPU_CLASS, g.cls)

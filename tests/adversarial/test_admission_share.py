@@ -18,8 +18,10 @@ from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.adversarial.conftest import Tenant, assert_invariants
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator, unregister_webhooks
+from tests.support.invariants import assert_invariants
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.operators import start_admitting_operator, unregister_webhooks
+from tests.support.tenants import Tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 

@@ -17,9 +17,12 @@ from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import ApiError, Forbidden, Kube
-from tests.adversarial.conftest import Tenant, assert_invariants, budget_body
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator, unregister_webhooks
-from tests.helpers import gpu_device_body, held
+from tests.support.bodies import budget_body, gpu_device_body
+from tests.support.invariants import assert_invariants
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import held
+from tests.support.operators import start_admitting_operator, unregister_webhooks
+from tests.support.tenants import Tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 

@@ -24,9 +24,11 @@ from cozygpu.api import kinds
 from cozygpu.api.names import GROUP, VERSION
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.adversarial.conftest import Tenant, assert_invariants, budget_body
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_device_body, held
+from tests.support.bodies import budget_body, gpu_device_body
+from tests.support.invariants import assert_invariants
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import held
+from tests.support.tenants import Tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 

@@ -15,10 +15,12 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
-from tests.adversarial.conftest import KVNodeFactory, Tenant, assert_invariants
-from tests.helpers import gpu_device_body
-from tests.kubevirt import vms
-from tests.kubevirt.conftest import Gpu
+from tests.support import vms
+from tests.support.bodies import gpu_device_body
+from tests.support.invariants import assert_invariants
+from tests.support.kubevirt import KVNodeFactory
+from tests.support.nodes import Gpu
+from tests.support.tenants import Tenant
 
 pytestmark = [pytest.mark.kubevirt, pytest.mark.adversarial]
 

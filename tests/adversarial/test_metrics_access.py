@@ -16,8 +16,9 @@ from cozygpu.api import kinds
 from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
-from tests.adversarial.conftest import Tenant, assert_invariants
-from tests.conftest import Gpu, GPUNodeFactory
+from tests.support.invariants import assert_invariants
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.tenants import Tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 

@@ -24,9 +24,11 @@ from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Body, Kube
 from cozygpu.runtime.admission import webhooks
-from tests.adversarial.conftest import Tenant, assert_invariants, budget_body
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import device_status, gpu_device_body, held
+from tests.support.bodies import budget_body, gpu_device_body
+from tests.support.invariants import assert_invariants
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import device_status, held
+from tests.support.tenants import Tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 

@@ -47,9 +47,11 @@ from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import device_status, gpu_device_body, held, refused
-from tests.image.container import Container, build, config, write_volume
+from tests.support.bodies import gpu_device_body
+from tests.support.image import Container, build, config, write_volume
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import device_status, held
+from tests.support.refusals import refused
 
 pytestmark = pytest.mark.image
 

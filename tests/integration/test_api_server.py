@@ -7,7 +7,7 @@ import pytest
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode, Phase, kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.kube.adapter import Invalid, Kube
-from tests.helpers import A10, gpu_class_body, gpu_device_body, unique
+from tests.support.bodies import A10, gpu_class_body, gpu_device_body, unique
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,9 @@ from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_operator
-from tests.helpers import gpu_device_body
+from tests.support.bodies import gpu_device_body
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.operators import start_operator
 
 
 def test_the_operator_is_ready_again_soon_after_its_api_server_comes_back(

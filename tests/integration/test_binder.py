@@ -25,8 +25,10 @@ from cozygpu.devcluster.harness import (
     write_request,
 )
 from cozygpu.kube.adapter import Body, Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_operator, wait_until_accounted
-from tests.helpers import gpu_class_body, gpu_device_body
+from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.nodes import Gpu, GPUNodeFactory, wait_until_accounted
+from tests.support.operators import start_operator
+from tests.support.seen import budget_seen
 
 pytestmark = pytest.mark.integration
 
@@ -307,7 +309,7 @@ def test_concurrent_orders_never_exceed_a_budget(
         {"apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUBudget",
          "metadata": {"name": "cap", "namespace": namespace}, "spec": {"limits": {gpu.cls: 5}}},
     )  # fmt: skip
-    wait_for("budget seen", lambda: kube.get_or_none(kinds.GPU_BUDGET, "cap", namespace))
+    budget_seen(kube, namespace, "cap")  # by the operator's view, not only the API server
     names = [f"vm{i}-gpu-0" for i in range(10)]
     for name in names:
         template_device(kube, namespace, name, gpu.cls)

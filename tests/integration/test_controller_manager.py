@@ -10,7 +10,7 @@ from cozygpu.api import kinds
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import wait_for
-from tests.helpers import gpu_device_body, vmi_body
+from tests.support.bodies import gpu_device_body, vmi_body
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ from cozygpu.api.names import ANNOTATION_ADMITTED, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import binaries, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.kube.adapter import Invalid, Kube
-from tests import helpers
-from tests.conftest import GPUNodeFactory
-from tests.helpers import A10
+from tests.support import bodies
+from tests.support.bodies import A10
+from tests.support.nodes import GPUNodeFactory
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 def vmi_body(name: str, namespace: str, gpus: list[dict[str, str]]) -> dict[str, object]:
     """A labelled VMI carrying `gpus` entries of its own."""
     domain = {"devices": {"gpus": gpus}, "resources": {"requests": {"memory": "1Gi"}}}
-    body = helpers.vmi_body(name, namespace, [{"device": "d1"}], domain=domain)
+    body = bodies.vmi_body(name, namespace, [{"device": "d1"}], domain=domain)
     # KubeVirt's schema alone, with no operator: the mark its webhook would stamp, or the no-bypass policy a --dev
     # operator leaves behind refuses the VMI. (Deleting the policy instead would freeze its parameter in the API
     # server: it no longer sees the operator's updates of it until it restarts; docs/admission.md.)

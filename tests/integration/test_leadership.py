@@ -20,8 +20,9 @@ from cozygpu.devcluster.harness import (
     write_request,
 )
 from cozygpu.kube.adapter import Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_operator
-from tests.helpers import unique
+from tests.support.bodies import unique
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.operators import start_operator
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,12 @@ from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
-from tests.denier import DENY_LABEL, denying_webhook
-from tests.helpers import gpu_device_body, stale, update, vmi_body
+from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.invariants import stale
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import update
+from tests.support.operators import start_admitting_operator
+from tests.support.webhooks import DENY_LABEL, denying_webhook
 
 pytestmark = pytest.mark.integration
 

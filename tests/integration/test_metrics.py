@@ -9,8 +9,8 @@ from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_device_body, vmi_body
+from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.nodes import Gpu, GPUNodeFactory
 
 pytestmark = pytest.mark.integration
 

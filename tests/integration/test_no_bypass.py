@@ -15,8 +15,9 @@ from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Forbidden, Kube
 from cozygpu.runtime.admission import policy, webhooks
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
-from tests.helpers import gpu_class_body, gpu_device_body, vmi_body
+from tests.support.bodies import gpu_class_body, gpu_device_body, vmi_body
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.operators import start_admitting_operator
 
 
 def unlabelled_vmi(name: str, namespace: str, devices: dict[str, Any] | None = None, **domain: Any) -> Body:

@@ -15,8 +15,8 @@ from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Forbidden, Kube
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_device_body
+from tests.support.bodies import gpu_device_body
+from tests.support.nodes import Gpu, GPUNodeFactory
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from cozygpu.api import kinds
 from cozygpu.kube.adapter import Kube
 from cozygpu.runtime.process.app import Operator
 from cozygpu.settings import Settings
-from tests.conftest import Gpu
-from tests.helpers import gpu_device_body, vmi_body
+from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.nodes import Gpu
 
 pytestmark = pytest.mark.integration
 

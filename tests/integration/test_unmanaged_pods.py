@@ -13,8 +13,9 @@ from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
 from cozygpu.runtime.admission import policy
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
-from tests.helpers import gpu_device_body
+from tests.support.bodies import gpu_device_body
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.operators import start_admitting_operator
 
 
 def holding_pod(name: str, namespace: str, node: str, asks: dict[str, int], vmi: str | None = None) -> Body:

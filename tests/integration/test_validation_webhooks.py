@@ -11,8 +11,10 @@ from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_class_body, gpu_device_body, unique, update
+from tests.support.bodies import gpu_class_body, gpu_device_body, unique
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import update
+from tests.support.seen import budget_seen
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +58,7 @@ def test_concurrent_held_device_creates_cannot_together_pass_a_budget(
     """§7.4: six creates of one unit against a budget of three, all at once: exactly three exist after."""
     gpu_node({gpu.resource: 8}, name=f"n-{gpu.cls}")
     kube.create(kinds.GPU_BUDGET, budget_body("three", namespace, {gpu.cls: 3}))
-    wait_for("budget seen", lambda: kube.get_or_none(kinds.GPU_BUDGET, "three", namespace))
+    budget_seen(kube, namespace, "three")  # by the operator's view, not only the API server
 
     def create(i: int) -> int:
         try:

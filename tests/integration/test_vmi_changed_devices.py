@@ -18,9 +18,11 @@ from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
 from cozygpu.devcluster import nodes
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Kube
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import device_status as status
-from tests.helpers import dry_denial, gpu_class_body, gpu_device_body, held, leftovers, refused, unique, vmi_body
+from tests.support.bodies import gpu_class_body, gpu_device_body, unique, vmi_body
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import device_status as status
+from tests.support.objects import held
+from tests.support.refusals import dry_denial, leftovers, refused
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("nothing_stale")]
 

@@ -20,8 +20,9 @@ from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.helpers import gpu_device_body, leftovers, vmi_body
+from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.refusals import leftovers
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,11 @@ from cozygpu.api import kinds
 from cozygpu.api.names import template_device_name
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
-from tests.helpers import gpu_device_body, leftovers, stale, vmi_body
+from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.invariants import stale
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.operators import start_admitting_operator
+from tests.support.refusals import leftovers
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ import requests
 from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
-from tests.conftest import Gpu, GPUNodeFactory
-from tests.denier import RELABEL_LABEL, labelling_webhook
-from tests.helpers import vmi_body
+from tests.support.bodies import vmi_body
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.webhooks import RELABEL_LABEL, labelling_webhook
 
 pytestmark = pytest.mark.integration
 

@@ -13,8 +13,10 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster import identity
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator, unregister_webhooks
-from tests.helpers import gpu_device_body, update
+from tests.support.bodies import gpu_device_body
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import update
+from tests.support.operators import start_admitting_operator, unregister_webhooks
 
 pytestmark = pytest.mark.integration
 

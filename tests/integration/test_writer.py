@@ -19,8 +19,9 @@ from cozygpu.kube.adapter import AsyncKube, Kube
 from cozygpu.runtime.view import View
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
-from tests.conftest import Gpu, unregister_webhooks
-from tests.helpers import gpu_device_body
+from tests.support.bodies import gpu_device_body
+from tests.support.nodes import Gpu
+from tests.support.operators import unregister_webhooks
 
 pytestmark = pytest.mark.integration
 

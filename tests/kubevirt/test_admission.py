@@ -8,10 +8,11 @@ import threading
 from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Body, Kube
-from tests.helpers import gpu_device_body
-from tests.kubevirt import vms
-from tests.kubevirt.conftest import Gpu, Nodes
-from tests.kubevirt.test_start import bound
+from tests.support import vms
+from tests.support.bodies import gpu_device_body
+from tests.support.kubevirt import Nodes
+from tests.support.nodes import Gpu
+from tests.support.vms import bound
 
 
 def failure(kv: Kube, ns: str, vm: str) -> Body:

@@ -10,12 +10,13 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Kube
-from tests.helpers import gpu_device_body
-from tests.kubevirt import vms
-from tests.kubevirt.conftest import Gpu, Nodes
-from tests.kubevirt.test_start import bound
-from tests.reliability.invariants import settled
-from tests.reliability.soak import TALLY, Budget
+from tests.support import vms
+from tests.support.bodies import gpu_device_body
+from tests.support.invariants import settled
+from tests.support.kubevirt import Nodes
+from tests.support.nodes import Gpu
+from tests.support.soak import TALLY, Budget
+from tests.support.vms import bound
 
 # KubeVirt's own bar for keeping a VM's devices across restarts (VEP 344) is 80 cycles.
 CYCLES = int(os.environ.get("COZYGPU_KV_CYCLES", "100"))

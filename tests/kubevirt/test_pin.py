@@ -8,8 +8,9 @@ from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.devcluster.kubevirt import LAUNCHER_IMAGE
 from cozygpu.kube.adapter import Body, Forbidden, Kube
-from tests.kubevirt import vms
-from tests.kubevirt.conftest import Gpu, Nodes
+from tests.support import vms
+from tests.support.kubevirt import Nodes
+from tests.support.nodes import Gpu
 
 
 def rendered_for(vmi: Body, resource: str, units: int) -> Body:

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
-from tests.helpers import gpu_device_body
-from tests.kubevirt import vms
-from tests.kubevirt.conftest import Gpu, Nodes
-
-
-def bound(kv: Kube, ns: str, name: str) -> str:
-    """Wait until the device is Bound; its node."""
-    body = wait_for(
-        f"GPUDevice {name} Bound",
-        lambda: (d := kv.get(kinds.GPU_DEVICE, name, ns)).get("status", {}).get("phase") == "Bound" and d,
-    )
-    node: str = body["status"]["nodeName"]
-    return node
+from tests.support import vms
+from tests.support.bodies import gpu_device_body
+from tests.support.kubevirt import Nodes
+from tests.support.nodes import Gpu
+from tests.support.vms import bound
 
 
 def test_a_vm_with_a_held_and_a_template_device_runs_on_the_node_of_its_set(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.reliability.soak import SOAK, report
+from tests.support.soak import SOAK, report
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -24,10 +24,12 @@ from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
-from tests.helpers import gpu_device_body, update, vmi_body
-from tests.reliability.invariants import admitting, settled
-from tests.reliability.soak import TALLY, Budget, runs
+from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.invariants import admitting, settled
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.objects import update
+from tests.support.operators import start_admitting_operator
+from tests.support.soak import TALLY, Budget, runs
 
 # A 60 s term: the faults here last seconds, and must not cost the Lease (that ends the process, §10). A grace
 # period longer than the freeze: a create the API server admitted may be stored only once it is let go, and

@@ -24,10 +24,11 @@ from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from cozygpu.runtime.writes import CRASHED
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
-from tests.helpers import gpu_device_body, vmi_body
-from tests.reliability.invariants import settled
-from tests.reliability.soak import SOAK, TALLY, Budget, Record
+from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.invariants import settled
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.operators import start_admitting_operator
+from tests.support.soak import SOAK, TALLY, Budget, Record
 
 QUICK = ("--grace-period", "1", "--sweep-interval", "1", "--bind-timeout", "5")
 # Writes a scenario's admissions cause, with the collector's and accountant's after them, are well under

@@ -26,8 +26,8 @@ from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
 from cozygpu.runtime.admission import webhooks
-from tests.helpers import vmi_body
-from tests.reliability.soak import TALLY, runs
+from tests.support.bodies import vmi_body
+from tests.support.soak import TALLY, runs
 
 pytestmark = pytest.mark.integration
 

@@ -21,10 +21,11 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.conftest import Gpu, GPUNodeFactory, start_admitting_operator
-from tests.helpers import gpu_device_body, vmi_body
-from tests.reliability.invariants import admitting, settled
-from tests.reliability.soak import TALLY, Budget, runs
+from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.invariants import admitting, settled
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.operators import start_admitting_operator
+from tests.support.soak import TALLY, Budget, runs
 
 QUICK = ("--grace-period", "1", "--sweep-interval", "1", "--bind-timeout", "4")
 BURST = 8

@@ -13,8 +13,8 @@ from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.accountant import Accountant
-from tests.builders import A10, device, gpu_class, node
 from tests.support.memkube import MemKube
+from tests.support.views import A10, device, gpu_class, node
 from tests.support.workers import run_until
 from tests.support.writing import NS, writer
 

@@ -11,7 +11,7 @@ from cozygpu.decisions import admission, attach
 from cozygpu.decisions.admission import Member
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
-from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class, node, request
+from tests.support.views import A10, EPOCH, L40S, cluster, device, gpu_class, node, request
 
 NOW = EPOCH + dt.timedelta(seconds=30)
 

@@ -18,7 +18,7 @@ from cozygpu.api import (
     meta,
     names,
 )
-from tests.builders import device
+from tests.support.views import device
 
 
 def test_template_device_name_is_predictable_from_vmi_and_entry() -> None:

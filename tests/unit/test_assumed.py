@@ -11,7 +11,8 @@ from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions import transitions
 from cozygpu.decisions.placement import Placement, place
 from cozygpu.runtime.view import View
-from tests.builders import A10, EPOCH, cluster, device, gpu_class, node
+from cozygpu.state.cluster import Cluster
+from tests.support.views import A10, EPOCH, cluster, device, gpu_class, node
 
 
 def with_version(body: dict[str, Any], rv: int) -> dict[str, Any]:
@@ -70,6 +71,9 @@ def test_a_node_heartbeat_is_no_capacity_change() -> None:
     assert (cordoned.room, cordoned.served) == (frozenset(), {"a10"})
 
 
+ALLOCATABLE = {"n1": 4, "n2": 3}  # units of A10 per node
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.lists(st.integers(1, 3), min_size=1, max_size=12),
@@ -79,8 +83,8 @@ def test_a_node_heartbeat_is_no_capacity_change() -> None:
 def test_pipelined_decisions_never_spend_a_unit_twice(counts: list[int], outcomes: list[str], rnd: Any) -> None:
     """Decide every waiting device in memory (assumed), then let the writes land in any order: succeeded,
     lost to a conflict, or overtaken by events of the old version. At every step no node holds more than
-    it has, and the held counters equal a recount from the devices."""
-    c = cluster(nodes=[node("n1", {A10: 4}), node("n2", {A10: 3})], classes=[gpu_class("a10")],
+    it has, and the counters placement reads (held, taken, best fit) equal a recount from the devices."""
+    c = cluster(nodes=[node(n, {A10: u}) for n, u in ALLOCATABLE.items()], classes=[gpu_class("a10")],
                 devices=[with_version(device(f"d{i}", count=n), 10 + i) for i, n in enumerate(counts)])  # fmt: skip
     inflight: list[tuple[GPUDevice, str, int]] = []
     for i in range(len(counts)):
@@ -115,11 +119,23 @@ def test_pipelined_decisions_never_spend_a_unit_twice(counts: list[int], outcome
         check(c)
 
 
-def check(c: Any) -> None:
+def check(c: Cluster) -> None:
+    """The counters placement reads equal a recount from the stored device bodies: per node the units held and
+    taken, the class's held units, and the best-fit order of free units; and no node holds more than it has."""
     recount: dict[str, int] = {}
     for d in c.devices.values():
-        if d.holds_gpus:
-            recount[d.status.node_name] = recount.get(d.status.node_name, 0) + d.spec.count
-    for name, n in c.nodes.items():
-        assert recount.get(name, 0) <= n.units(A10), f"{name} overcommitted"
-        assert sum(c.held_by_class(name).values()) == recount.get(name, 0)
+        body = d.wire()
+        status = body.get("status") or {}
+        if status.get("phase") == "Bound":
+            recount[status["nodeName"]] = recount.get(status["nodeName"], 0) + body["spec"]["count"]
+    for name, units in ALLOCATABLE.items():
+        held = recount.get(name, 0)
+        assert held <= units, f"{name} overcommitted: {held} of {units} held"
+        assert c.held_units(name) == ({A10: held} if held else {}), name
+        assert c.taken_units(name) == ({A10: held} if held else {}), name
+    assert c.held_of_class("a10") == sum(recount.values())
+    free = sorted((units - recount.get(name, 0), name) for name, units in ALLOCATABLE.items())
+    for units in range(1, max(ALLOCATABLE.values()) + 1):
+        fits = [name for left, name in free if left >= units]
+        assert list(c.best_fit(A10, units)) == fits, f"nodes with {units} free of {A10}"
+        assert list(c.serving.best_fit("a10", units)) == fits, f"nodes serving a10 with {units} free"

@@ -9,7 +9,7 @@ from typing import Any
 from cozygpu.api import BindRequest, GPUDevice
 from cozygpu.decisions import attach
 from cozygpu.runtime.view import View
-from tests.builders import EPOCH, cluster, device, request
+from tests.support.views import EPOCH, cluster, device, request
 
 NOW = EPOCH + dt.timedelta(seconds=30)
 ASK = BindRequest(id="r1", vmi="vm", devices=["a", "b"], requested_at=NOW)

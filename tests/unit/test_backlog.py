@@ -23,7 +23,7 @@ from cozygpu.decisions.waiting import fits_now, in_turn, must_decide, overtakes,
 from cozygpu.runtime.view import View
 from cozygpu.state import serving
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
-from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class, node, pod, rv
+from tests.support.views import A10, EPOCH, L40S, cluster, device, gpu_class, node, pod, rv
 
 
 class CountingNodes(Mapping[str, Any]):

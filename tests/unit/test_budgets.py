@@ -13,7 +13,7 @@ from cozygpu.api.selectors import selector_matches
 from cozygpu.decisions.budgets import Order, check_orders, covering_budgets, usage
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
-from tests.builders import budget, cluster, device, gpu_class, rv
+from tests.support.views import budget, cluster, device, gpu_class, rv
 
 
 def order(count: int, class_name: str = "a10", namespace: str = "t1", what: str = "deviceTemplate 0") -> Order:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cozygpu.decisions.capacity import conflicts, free, held, matching_classes, node_serves, served_classes
-from tests.builders import A10, L40S, cluster, device, gpu_class, node
+from tests.support.views import A10, L40S, cluster, device, gpu_class, node
 
 
 def test_a_node_matches_classes_by_selector_and_resource() -> None:

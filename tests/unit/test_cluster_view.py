@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cozygpu.api import kinds
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import KINDS, Cluster
-from tests.builders import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, request
+from tests.support.views import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, pod, request
 
 
 def test_an_older_event_does_not_overwrite_a_newer_write() -> None:
@@ -84,11 +86,58 @@ def test_a_deletion_is_a_change_of_what_the_object_touched() -> None:
     assert not View(c).apply(kinds.GPU_DEVICE, {"metadata": {"namespace": "t1", "name": "a"}}, deleted=True).stored
 
 
-def test_every_watched_kind_has_a_store_in_the_view() -> None:
-    """One kind table: each kind kopf watches and the resync lists can be applied to the view."""
-    c = Cluster()
-    for kind in KINDS:
-        assert View(c).apply(kind, {"metadata": {"name": "x", "namespace": "t1"}}, deleted=True).kind == kind
+# Per kind the view holds: an object named x at any version, where its store keeps it, and whether it holds it.
+STORES: dict[kinds.Kind, tuple[dict[str, Any], Any, Callable[[Cluster], bool]]] = {
+    kinds.GPU_CLASS: (gpu_class("x"), "x", lambda c: "x" in c.classes),
+    kinds.GPU_DEVICE: (device("x"), ("t1", "x"), lambda c: c.device("t1", "x") is not None),
+    kinds.GPU_BUDGET: (budget("x"), ("t1", "x"), lambda c: ("t1", "x") in c.budgets),
+    kinds.GPU_NODE: ({"metadata": {"name": "x"}}, "x", lambda c: "x" in c.gpunodes),
+    kinds.NODE: (node("x", {A10: 1}), "x", lambda c: "x" in c.nodes),
+    kinds.NAMESPACE: ({"metadata": {"name": "x", "labels": {"team": "a"}}}, "x", lambda c: "x" in c.namespaces),
+    kinds.KUBEVIRT: (
+        {
+            "metadata": {"name": "x", "namespace": "t1"},
+            "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [{"resourceName": A10}]}}},
+        },
+        ("t1", "x"),
+        lambda c: ("t1", "x") in c.kubevirts,
+    ),
+    kinds.VMI: (
+        {"metadata": {"name": "x", "namespace": "t1", "uid": "u-x"}},
+        ("t1", "x"),
+        lambda c: c.vmi_exists("u-x"),
+    ),
+    kinds.POD: (pod("x"), ("t1", "x"), lambda c: c.pod("t1", "x") is not None),
+}
+
+
+def _at(body: dict[str, Any], version: int) -> dict[str, Any]:
+    return {**body, "metadata": {**body["metadata"], "resourceVersion": str(version)}}
+
+
+def test_every_kind_the_view_holds_has_a_store_checked_below() -> None:
+    """One kind table: each kind the watches and the resync apply to the view is one of the stores checked below."""
+    assert set(KINDS) == set(STORES)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_kind_s_store_keeps_the_newest_forgets_a_deletion_and_ignores_stale_events(kind: kinds.Kind) -> None:
+    """Per kind: an event is stored at its version, an older one is ignored, a newer one replaces it, a deletion
+    forgets it, and the deleted object's late echo does not bring it back."""
+    body, key, held = STORES[kind]
+    c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")])
+    assert not held(c) and c.stored_version(kind, key) is None
+    assert View(c).apply(kind, _at(body, 5)).stored
+    assert held(c) and c.stored_version(kind, key) == 5 and c.holds(kind, key, "5")
+    assert not View(c).apply(kind, _at(body, 3)).stored
+    assert held(c) and c.stored_version(kind, key) == 5
+    View(c).apply(kind, _at(body, 7))
+    assert held(c) and c.stored_version(kind, key) == 7
+    gone = View(c).apply(kind, _at(body, 8), deleted=True)
+    assert gone.deleted and gone.stored
+    assert not held(c) and c.stored_version(kind, key) is None and not c.knows(kind, key)
+    assert not View(c).apply(kind, _at(body, 7)).stored
+    assert not held(c) and c.stored_version(kind, key) is None
 
 
 def test_a_class_change_touches_every_node() -> None:

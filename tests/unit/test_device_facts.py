@@ -7,7 +7,7 @@ from typing import Any
 
 from cozygpu.api import GPUDevice
 from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
-from tests.builders import EPOCH, device, request
+from tests.support.views import EPOCH, device, request
 
 
 def labelled(value: str | None) -> GPUDevice:

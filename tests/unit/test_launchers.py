@@ -12,7 +12,7 @@ from cozygpu.api.names import ANNOTATION_DEVICES
 from cozygpu.decisions import launchers
 from cozygpu.decisions.pinning import is_pinned, pinned_spec
 from cozygpu.runtime.view import View
-from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class
+from tests.support.views import A10, EPOCH, L40S, cluster, device, gpu_class
 
 CONTROLLER = "system:serviceaccount:kubevirt:kubevirt-controller"
 

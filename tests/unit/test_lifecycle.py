@@ -10,7 +10,7 @@ from cozygpu.api.names import ANNOTATION_DEVICES, FINALIZER_IN_USE
 from cozygpu.decisions.lifecycle import Action, Do, class_action, device_actions, due
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
-from tests.builders import EPOCH, cluster, device, gpu_class, pod
+from tests.support.views import EPOCH, cluster, device, gpu_class, pod
 
 GRACE = dt.timedelta(minutes=2)
 SOON = EPOCH + dt.timedelta(seconds=10)

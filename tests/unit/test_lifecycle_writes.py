@@ -9,7 +9,7 @@ import pytest
 from cozygpu.api import GPUDevice
 from cozygpu.api.names import FINALIZER_IN_USE, KUBEVIRT_API_VERSION
 from cozygpu.decisions.lifecycle import Action, Do, metadata_changes, protected, status_after
-from tests.builders import EPOCH, device, request
+from tests.support.views import EPOCH, device, request
 
 OTHER = "example.com/keep-me"
 

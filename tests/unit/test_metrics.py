@@ -8,7 +8,7 @@ from cozygpu.api import kinds
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
-from tests.builders import A10, EPOCH, budget, cluster, device, gpu_class, node, request
+from tests.support.views import A10, EPOCH, budget, cluster, device, gpu_class, node, request
 
 
 def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -10,7 +10,7 @@ from cozygpu.api.gpunode import MAX_UNMANAGED_PODS
 from cozygpu.decisions.nodestatus import gpunode_status
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
-from tests.builders import A10, EPOCH, L40S, cluster, device, gpu_class, node, pod
+from tests.support.views import A10, EPOCH, L40S, cluster, device, gpu_class, node, pod
 
 
 def condition(status: GPUNodeStatus, type_: str) -> tuple[ConditionStatus, str]:

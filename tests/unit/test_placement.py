@@ -13,7 +13,7 @@ from cozygpu.decisions.capacity import held
 from cozygpu.decisions.placement import NoPlacement, Placement, place, place_scanning
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
-from tests.builders import A10, L40S, cluster, device, gpu_class, node, pod
+from tests.support.views import A10, L40S, cluster, device, gpu_class, node, pod
 
 
 def devices_of(c: Cluster, *names: str) -> list[GPUDevice]:

@@ -13,7 +13,7 @@ from cozygpu.api import pods as api_pods
 from cozygpu.api.names import ANNOTATION_DEVICES
 from cozygpu.runtime.view import View
 from cozygpu.state.pods import PodUsage, PodUse
-from tests.builders import A10, L40S, cluster, device, gpu_class, node, pod
+from tests.support.views import A10, L40S, cluster, device, gpu_class, node, pod
 
 
 class TestWhatIsKept:

@@ -8,7 +8,7 @@ from cozygpu.api import kinds
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.decisions.requests import Answer, Wait, assess
 from cozygpu.runtime.view import View
-from tests.builders import A10, EPOCH, budget, cluster, device, gpu_class, node, request
+from tests.support.views import A10, EPOCH, budget, cluster, device, gpu_class, node, request
 
 NOW = EPOCH + dt.timedelta(seconds=5)
 LATE = dt.timedelta(seconds=10)

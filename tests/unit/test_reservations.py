@@ -9,7 +9,7 @@ import pytest
 from cozygpu.decisions.budgets import Order
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Denied, Validation
-from tests.builders import A10, budget, cluster, device, gpu_class, node
+from tests.support.views import A10, budget, cluster, device, gpu_class, node
 
 TENANT = "system:serviceaccount:t1:tenant"
 

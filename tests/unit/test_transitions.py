@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cozygpu.api import BindResult, GPUDevice, Phase
 from cozygpu.decisions import transitions
-from tests.builders import EPOCH, device, request
+from tests.support.views import EPOCH, device, request
 
 
 def model(body: dict[str, object]) -> GPUDevice:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from cozygpu.api import ConditionStatus, GPUBudget, GPUClass, kinds
 from cozygpu.decisions.usestatus import ClassTotals, budget_status, class_status
 from cozygpu.runtime.view import View
-from tests.builders import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, pod
+from tests.support.views import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, pod
 
 
 def test_budget_status_counts_use_per_class_and_in_total() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice
 from cozygpu.decisions import validation
 from cozygpu.decisions.budgets import Order
-from tests.builders import A10, budget, cluster, device, gpu_class, node
+from tests.support.views import A10, budget, cluster, device, gpu_class, node
 
 OPERATOR = "system:serviceaccount:cozy:gpu-operator"
 

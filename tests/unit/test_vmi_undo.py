@@ -18,8 +18,8 @@ from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.vmi_webhook import Refusal, VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
-from tests.builders import A10, gpu_class, node
 from tests.support.memkube import MemKube
+from tests.support.views import A10, gpu_class, node
 from tests.support.writing import NS, device, writer
 
 Body = dict[str, Any]

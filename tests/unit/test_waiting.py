@@ -5,7 +5,7 @@ from __future__ import annotations
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions.waiting import in_turn, lost, overtakes
 from cozygpu.runtime.view import View
-from tests.builders import A10, EPOCH, cluster, device, gpu_class, node, request
+from tests.support.views import A10, EPOCH, cluster, device, gpu_class, node, request
 
 
 def _dev(*args: object, **kwargs: object) -> GPUDevice:

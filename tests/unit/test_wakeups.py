@@ -8,7 +8,7 @@ from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.accountant import Accountant
 from cozygpu.runtime.workers.binder import Binder
 from cozygpu.state.cluster import Change, Cluster
-from tests.builders import A10, cluster, device, gpu_class, node, pod
+from tests.support.views import A10, cluster, device, gpu_class, node, pod
 
 
 def _binder(c: Cluster) -> tuple[Binder, View]:

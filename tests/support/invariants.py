@@ -1,10 +1,11 @@
-"""The invariants every reliability scenario checks, read from the API server (issue 12, §3-§7).
+"""The invariants every scenario checks, read from the API server (issue 12, §3-§7).
 
 One checker for all scenarios: no node holds more than it has, no device given to two VMIs,
 no attachment (claimed or not) to a VMI that does not exist, no template device without its VMI, no bind
 request left unanswered, no budget exceeded (scenarios set their budgets before any order), no unit a
 pod uses counted free on its node (§6.7: nor counted once for two launchers), and the operator ready.
-Called once the operator has had a grace period and a sweep to clear what a crash left.
+Called once the operator has had a grace period and a sweep to clear what a crash left; `stale` alone
+after every lifecycle scenario, `assert_invariants` after every hostile tenant's move.
 """
 
 from __future__ import annotations
@@ -17,8 +18,40 @@ from cozygpu.api import kinds, references
 from cozygpu.api.names import gpu_entry_name, template_device_name
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.helpers import stale
-from tests.reliability.soak import Record
+from tests.support.soak import Record
+from tests.support.tenants import Tenant
+
+
+def guests(kube: Kube, namespace: str) -> set[str]:
+    """The uids of VMIs whose guest still runs in a launcher pod that has not ended (§6.7), object or not."""
+    return {
+        o["uid"]
+        for p in kube.list(kinds.POD, namespace)
+        if (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        for o in p["metadata"].get("ownerReferences") or []
+        if o.get("kind") == "VirtualMachineInstance" and o.get("controller")
+    }
+
+
+def stale(kube: Kube, namespace: str) -> list[str]:
+    """Attachments or requests without a live VMI, unanswered requests, template devices without their VMI. A VMI
+    whose object is gone while its launcher pod still runs the guest is live (§6.7): its set stays."""
+    vmis = {v["metadata"]["name"]: v["metadata"]["uid"] for v in kube.list(kinds.VMI, namespace)}
+    running = guests(kube, namespace)
+    found = []
+    for d in kube.list(kinds.GPU_DEVICE, namespace):
+        name, status = d["metadata"]["name"], d.get("status", {})
+        attached = status.get("attachedTo")
+        if attached and vmis.get(attached["vmi"]) != attached.get("uid") and attached.get("uid") not in running:
+            found.append(f"{name}: attached to {attached['vmi']} which is not there")
+        request = status.get("bindRequest")
+        if request and not request.get("result"):
+            found.append(f"{name}: unanswered request")
+        if d["metadata"].get("labels", {}).get("gpu.cozystack.io/template-device") == "true":
+            owners = [o["uid"] for o in d["metadata"].get("ownerReferences", [])]
+            if not owners or (owners[0] not in vmis.values() and owners[0] not in running):
+                found.append(f"{name}: template device without its VMI")
+    return found
 
 
 def over_allocated(kube: Kube) -> list[str]:
@@ -163,3 +196,18 @@ def settled(kube: Kube, namespace: str, operator: OperatorProcess, record: Recor
         wait_for(when, lambda: not now(), timeout=30)
     except AssertionError:
         record.violations += [f"{when}: {v}" for v in now()]
+
+
+def assert_invariants(
+    kube: Kube, tenants: tuple[Tenant, ...], operator: OperatorProcess | None = None, timeout: float = 20.0
+) -> None:
+    """The invariants (`violations`, for each tenant's namespace) hold once the operator has caught up. The wait
+    is shorter than the grace period (120 s), so nothing an attack left is cleared by the collector before the
+    check sees it."""
+
+    def now() -> list[str]:
+        return [f"{t.namespace}: {v}" for t in tenants for v in violations(kube, t.namespace, operator)]
+
+    with contextlib.suppress(AssertionError):  # what still fails after the wait is named below
+        wait_for("every invariant to hold", lambda: not now(), timeout=timeout)
+    assert now() == []

@@ -1,4 +1,4 @@
-"""VirtualMachines as tenants write them, and what the tests wait for on them."""
+"""VirtualMachines as tenants write them, and what the KubeVirt tiers wait for on them and their devices."""
 
 from __future__ import annotations
 
@@ -77,6 +77,16 @@ def gone(kube: Kube, namespace: str, name: str, uid: str, timeout: float = 60.0)
         return (body is None or body["metadata"]["uid"] != uid) and not pods_of(kube, namespace, uid)
 
     wait_for(f"VMI {namespace}/{name} ({uid}) gone", probe, timeout)
+
+
+def bound(kv: Kube, ns: str, name: str) -> str:
+    """Wait until the device is Bound; its node."""
+    body = wait_for(
+        f"GPUDevice {name} Bound",
+        lambda: (d := kv.get(kinds.GPU_DEVICE, name, ns)).get("status", {}).get("phase") == "Bound" and d,
+    )
+    node: str = body["status"]["nodeName"]
+    return node
 
 
 def condition(vm: Body, kind: str) -> Body | None:
