@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv crds chart-policy kubevirt-crds kubevirt control-plane image lint unit integration test soak demo dev-cluster bench clean
+.PHONY: venv crds chart-files kubevirt-crds kubevirt control-plane image lint unit integration test soak demo dev-cluster bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,13 @@ venv: $(STAMP)
 crds: venv
 	$(BIN)/cozygpu crds --dir crds
 
-# The chart's copy of the no-bypass policy (§12), generated from cozygpu.runtime.admission.policy.
-chart-policy: venv
+# The chart's generated files: the no-bypass policy (§12) and the webhooks' configurations, from
+# cozygpu.runtime.admission.policy and .chart; unit tests fail on drift.
+chart-files: venv
 	$(BIN)/python -c "from cozygpu.runtime.admission import policy; print(policy.chart_file(), end='')" \
 	  > charts/cozy-gpu-operator/files/no-bypass-policy.yaml
+	$(BIN)/python -c "from cozygpu.runtime.admission import chart; print(chart.chart_file(), end='')" \
+	  > charts/cozy-gpu-operator/files/webhooks.json
 
 # KubeVirt's full CRD set for the test control plane, printed by kv-dump from KubeVirt's source.
 kubevirt-crds:

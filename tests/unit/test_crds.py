@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from cozygpu.api import KINDS, crdgen
-from cozygpu.runtime.admission import policy
+from cozygpu.runtime.admission import chart, policy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -223,6 +223,13 @@ def test_kubevirt_fixture_is_the_real_schema() -> None:
 
 
 def test_the_charts_policy_file_is_the_codes() -> None:
-    """§12.3: the chart's no-bypass-policy.yaml is what runtime.admission.policy builds (run `make chart-policy`)."""
+    """§12.3: the chart's no-bypass-policy.yaml is what runtime.admission.policy builds (run `make chart-files`)."""
     path = REPO / "charts" / "cozy-gpu-operator" / "files" / policy.CHART_FILE
-    assert path.read_text() == policy.chart_file(), "run `make chart-policy`"
+    assert path.read_text() == policy.chart_file(), "run `make chart-files`"
+
+
+def test_the_charts_webhooks_file_is_the_codes() -> None:
+    """§3, §12: the chart's webhooks.json is what runtime.admission.chart builds from the operator's own
+    configurations (run `make chart-files`); test_chart renders it and compares with them."""
+    path = REPO / "charts" / "cozy-gpu-operator" / "files" / chart.CHART_FILE
+    assert path.read_text() == chart.chart_file(), "run `make chart-files`"

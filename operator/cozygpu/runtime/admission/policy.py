@@ -161,7 +161,7 @@ CHART_FILE = "no-bypass-policy.yaml"
 
 
 def chart_file() -> str:
-    """The policy as the chart's files/ hold it (`make chart-policy` writes it); the chart's template renders the
+    """The policy as the chart's files/ hold it (`make chart-files` writes it); the chart's template renders the
     binding, whose exempt namespaces are a value (a test holds it to `binding`)."""
-    header = "# Generated from cozygpu.runtime.admission.policy by `make chart-policy`; a test fails on drift.\n"
+    header = "# Generated from cozygpu.runtime.admission.policy by `make chart-files`; a test fails on drift.\n"
     return header + yaml.safe_dump(policy(CHART_USER), sort_keys=False, width=1000)

@@ -187,6 +187,10 @@ def not_from(username: str) -> list[dict[str, str]]:
     return [{"name": "not-the-operator", "expression": f"request.userInfo.username != {json.dumps(username)}"}]
 
 
+# The longest wait of every hook but the VMI's, which alone may wait on the binder.
+SHORT_TIMEOUT = 10
+
+
 def configurations(
     url: str, ca_bundle: bytes, timeout: float, operator_user: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -218,7 +222,7 @@ def configurations(
                 "matchConditions": [{"name": "asks-for-an-extended-resource", "expression": ASKS_EXTENDED}],
                 "reinvocationPolicy": "IfNeeded",
                 "sideEffects": "None",
-                "timeoutSeconds": min(seconds, 10),
+                "timeoutSeconds": min(seconds, SHORT_TIMEOUT),
                 **common,
             },
         ],
@@ -234,7 +238,7 @@ def configurations(
                 "rules": [_rule(hook)],
                 "matchConditions": not_from(operator_user),
                 "sideEffects": "None",
-                "timeoutSeconds": min(seconds, 10),
+                "timeoutSeconds": min(seconds, SHORT_TIMEOUT),
                 **common,
             }
             for hook in hooks.HOOKS
