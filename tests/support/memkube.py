@@ -6,17 +6,23 @@ a stale one or a failed precondition, NotFound, AlreadyExists, uids, and finaliz
 hold a deletion (deletionTimestamp) until the last one is dropped. The status subresource
 writes status only; the object's PUT leaves status alone. `fail_next` injects a failure.
 
+Lists come in pages with the list's resourceVersion; a watch from a version delivers every
+change after it (ADDED, MODIFIED, DELETED, and BOOKMARKs on `bookmark`) until `end_watches`
+drops the streams; a version older than the last `compact` is answered with a 410 Expired
+ERROR event, as the real server answers one it no longer has the history of.
+
 It is a test of our own logic in addition to the real-API tiers (§11), never instead of them:
-admission, schemas, watches and everything else the real server does are not here.
+admission, schemas, selectors and everything else the real server does are not here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import copy
 import datetime as dt
 import itertools
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,10 +47,30 @@ class _Meanwhile:
     method: str
 
 
+@dataclass
+class _Event:
+    seq: int
+    version: int
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    plural: str
+    body: Body
+
+
+@dataclass
+class _Stream:
+    stirred: asyncio.Event
+    closed: bool = False
+
+
 class MemKube:
     def __init__(self) -> None:
         self._objects: dict[Key, Body] = {}
         self._versions = itertools.count(1)
+        self._last = 0  # the newest resourceVersion given out
+        self._log: list[_Event] = []  # what watches deliver, oldest first
+        self._seq = itertools.count(1)
+        self._floor = 0  # a watch from a version older than this is Expired (410)
+        self._streams: list[_Stream] = []
         self._uids = itertools.count(1)
         self._failures: list[_Failure] = []
         self._meanwhile: list[_Meanwhile] = []
@@ -67,6 +93,28 @@ class MemKube:
     def change(self, kind: Kind, body: Body, *, status: bool = False) -> Body:
         """Replace an object as someone else would, under the API's rules (no call recorded)."""
         return self._replace(kind, body, status=status)
+
+    def remove(self, kind: Kind, name: str, namespace: str = "") -> Body:
+        """Delete an object at once as someone else would, finalizers or not (no call recorded); its last body."""
+        key = self._key(kind, name, namespace)
+        gone = self._objects.pop(key)
+        return self._gone(key, gone)
+
+    def bookmark(self, kind: Kind) -> None:
+        """Send a BOOKMARK at the newest version to the streams of `kind`."""
+        body = {"kind": kind.kind, "apiVersion": kind.api_version, "metadata": {"resourceVersion": str(self._last)}}
+        self._record("BOOKMARK", kind.plural, body)
+
+    def end_watches(self) -> None:
+        """Every open stream ends now, as a dropped connection would: what it had not delivered is not."""
+        for stream in self._streams:
+            stream.closed = True
+            stream.stirred.set()
+
+    def compact(self) -> None:
+        """Forget the history so far: a watch from any version before now is answered 410 Expired."""
+        self._floor = self._last
+        self._log.clear()
 
     def stored(self, kind: Kind, name: str, namespace: str = "") -> Body | None:
         found = self._objects.get(self._key(kind, name, namespace))
@@ -92,6 +140,59 @@ class MemKube:
 
     async def list_versioned(self, kind: Kind) -> tuple[builtins.list[Body], str]:
         return self._call("list", kind, "", lambda: (self._list(kind, None), str(self._now())))
+
+    async def list_page(
+        self, kind: Kind, limit: int, after: str = "", *, label_selector: str = "", field_selector: str = ""
+    ) -> tuple[builtins.list[Body], str, str]:
+        """A page of `limit` items from offset `after`, the newest version and the next offset ('' after the last).
+        Every page is read afresh: a test that changes the API between pages gets what a real list would not."""
+        if label_selector or field_selector:
+            raise NotImplementedError("memkube lists without selectors only")
+
+        def page() -> tuple[builtins.list[Body], str, str]:
+            items, start = self._list(kind, None), int(after or 0)
+            rest = start + limit
+            return items[start:rest], str(self._last), str(rest) if rest < len(items) else ""
+
+        return self._call("list", kind, "", page)
+
+    async def watch(
+        self,
+        kind: Kind,
+        resource_version: str,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        timeout: int = 240,
+    ) -> AsyncIterator[tuple[str, Body]]:
+        """The changes of `kind` after `resource_version`, until `end_watches` (the call is recorded with the
+        version as its name). A version older than the last `compact`: one ERROR event, 410 Expired, and the end."""
+        if label_selector or field_selector or not resource_version:
+            raise NotImplementedError("memkube watches from a list's version, without selectors, only")
+        self._call("watch", kind, resource_version, lambda: None)
+        if int(resource_version) < self._floor:
+            status = {"kind": "Status", "status": "Failure", "code": 410, "reason": "Expired",
+                      "message": f"too old resource version: {resource_version} ({self._floor})"}  # fmt: skip
+            yield "ERROR", status
+            return
+        at = int(resource_version)
+        seen = max((e.seq for e in self._log if e.version <= at), default=0)
+        stream = _Stream(asyncio.Event())
+        self._streams.append(stream)
+        try:
+            while not stream.closed:
+                pending = [e for e in self._log if e.seq > seen and e.plural == kind.plural]
+                if not pending:
+                    stream.stirred.clear()
+                    await stream.stirred.wait()
+                    continue
+                for event in pending:
+                    if stream.closed:
+                        return
+                    seen = event.seq
+                    yield event.type, copy.deepcopy(event.body)
+        finally:
+            self._streams.remove(stream)
 
     async def create(self, kind: Kind, body: Body, *, dry_run: bool = False) -> Body:
         name = str(body.get("metadata", {}).get("name") or "")
@@ -135,6 +236,15 @@ class MemKube:
     ) -> bool:
         return self._call("delete", kind, name, lambda: self._delete(kind, name, namespace, uid, resource_version))
 
+    async def put_object(self, kind: Kind, body: Body) -> Body:
+        """Create, or replace what is there under its version: the adapter's two calls, as it makes them."""
+        meta = body["metadata"]
+        current = await self.get_or_none(kind, meta["name"], meta.get("namespace"))
+        if current is None:
+            return await self.create(kind, body)
+        version = current["metadata"]["resourceVersion"]
+        return await self.replace(kind, {**body, "metadata": {**meta, "resourceVersion": version}})
+
     def close(self) -> None:
         pass
 
@@ -158,7 +268,21 @@ class MemKube:
         return kind.plural, (namespace or "") if kind.namespaced else "", name
 
     def _now(self) -> int:
-        return next(self._versions)
+        self._last = next(self._versions)
+        return self._last
+
+    def _record(self, type_: str, plural: str, body: Body) -> None:
+        version = int(body["metadata"]["resourceVersion"])
+        self._log.append(_Event(next(self._seq), version, type_, plural, copy.deepcopy(body)))
+        for stream in self._streams:
+            stream.stirred.set()
+
+    def _gone(self, key: Key, last: Body) -> Body:
+        """Record the DELETED event of an object just removed, at a version of its own; its last body."""
+        gone = copy.deepcopy(last)
+        gone["metadata"]["resourceVersion"] = str(self._now())
+        self._record("DELETED", key[0], gone)
+        return gone
 
     def _existing(self, kind: Kind, name: str, namespace: str | None) -> Body:
         found = self._objects.get(self._key(kind, name, namespace))
@@ -192,6 +316,7 @@ class MemKube:
         stored["metadata"].pop("deletionTimestamp", None)
         if not dry_run:
             self._objects[key] = stored
+            self._record("ADDED", kind.plural, stored)
         return copy.deepcopy(stored)
 
     def _replace(self, kind: Kind, body: Body, *, status: bool, checked: bool = True) -> Body:
@@ -219,8 +344,10 @@ class MemKube:
         updated["metadata"]["resourceVersion"] = str(self._now())
         if updated["metadata"].get("deletionTimestamp") and not updated["metadata"].get("finalizers"):
             del self._objects[key]  # the last finalizer of a deleting object dropped: it is gone
+            self._gone(key, updated)
         else:
             self._objects[key] = updated
+            self._record("MODIFIED", kind.plural, updated)
         return copy.deepcopy(updated)
 
     def _delete(
@@ -237,8 +364,10 @@ class MemKube:
             if not meta.get("deletionTimestamp"):
                 meta["deletionTimestamp"] = dt.datetime.now(dt.UTC).isoformat()
                 meta["resourceVersion"] = str(self._now())
+                self._record("MODIFIED", kind.plural, current)
             return True
         del self._objects[key]
+        self._gone(key, current)
         return True
 
 

@@ -73,3 +73,37 @@ def test_an_injected_failure_hits_the_next_call_of_its_method_once_landed_or_not
         asyncio.run(kube.create(kinds.GPU_DEVICE, device()))
     assert kube.stored(kinds.GPU_DEVICE, "d", NS) is not None
     assert asyncio.run(kube.create(kinds.GPU_DEVICE, device("e")))["metadata"]["name"] == "e"
+
+
+def test_a_watch_delivers_every_change_after_its_version_and_an_expired_one_is_a_410() -> None:
+    """ADDED, MODIFIED and DELETED after the version, in order; after a compaction, one ERROR event of code 410."""
+    kube = MemKube()
+    first = kube.put(kinds.GPU_DEVICE, device("a"))
+    since = first["metadata"]["resourceVersion"]
+    kube.put(kinds.GPU_DEVICE, device("b"))
+    kube.change(kinds.GPU_DEVICE, with_status(first, phase="Pending"), status=True)
+    kube.remove(kinds.GPU_DEVICE, "b", NS)
+
+    async def events(version: str, count: int) -> list[tuple[str, str]]:
+        seen: list[tuple[str, str]] = []
+        async for event, body in kube.watch(kinds.GPU_DEVICE, version):
+            seen.append((event, str(body.get("metadata", {}).get("name") or body.get("code"))))
+            if len(seen) == count:
+                break
+        return seen
+
+    assert asyncio.run(events(since, 3)) == [("ADDED", "b"), ("MODIFIED", "a"), ("DELETED", "b")]
+    kube.compact()
+    assert asyncio.run(events(since, 1)) == [("ERROR", "410")]
+
+
+def test_a_list_comes_in_pages_at_the_newest_version() -> None:
+    """Pages of `limit` items with a token for the next, empty after the last; every page names the newest version."""
+    kube = MemKube()
+    newest = ""
+    for name in ("a", "b", "c"):
+        newest = kube.put(kinds.GPU_DEVICE, device(name))["metadata"]["resourceVersion"]
+    items, version, after = asyncio.run(kube.list_page(kinds.GPU_DEVICE, 2))
+    assert [i["metadata"]["name"] for i in items] == ["a", "b"] and version == newest and after
+    items, version, after = asyncio.run(kube.list_page(kinds.GPU_DEVICE, 2, after))
+    assert [i["metadata"]["name"] for i in items] == ["c"] and version == newest and after == ""
