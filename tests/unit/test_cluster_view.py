@@ -343,3 +343,13 @@ def test_a_resync_can_tell_what_the_view_holds_at_that_very_version() -> None:
     assert c.holds(kinds.NODE, "n1", c.nodes["n1"].resource_version)
     View(c).apply(kinds.NAMESPACE, {"metadata": {"name": "t1", "resourceVersion": "7"}})
     assert c.holds(kinds.NAMESPACE, "t1", "7") and not c.holds(kinds.NAMESPACE, "t1", "8")
+
+
+def test_removing_a_kubevirt_without_a_host_device_table_is_a_change() -> None:
+    """§1.5: a KubeVirt CR with no permittedHostDevices is held as 'no table'; its removal is news all the same."""
+    c = Cluster()
+    kv = {"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "3"}, "spec": {}}
+    assert View(c).apply(kinds.KUBEVIRT, kv).stored
+    assert c.kubevirts == {("kubevirt", "kubevirt"): None}
+    gone = View(c).apply(kinds.KUBEVIRT, {"metadata": {**kv["metadata"], "resourceVersion": "4"}}, deleted=True)
+    assert gone.stored and c.kubevirts == {}
