@@ -1,4 +1,5 @@
-"""§10, one active replica: two operators, one Lease; only the holder decides, a standby takes over.
+"""§10, one active binder: two operators, one Lease; both keep a view and are ready, only the holder decides,
+and a standby takes over without a list.
 
 Each replica is its own process with its own identity, competing for a Lease of this test's own (the
 other tests' operators share the default Lease under one identity, the host's).
@@ -30,7 +31,8 @@ pytestmark = pytest.mark.integration
 def test_only_the_leader_decides_and_a_standby_takes_over_when_it_dies(
     operator_kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
 ) -> None:
-    """Replica a leads and answers; b waits, not ready, answering nothing; a is killed; b leads and answers."""
+    """Replica a leads and answers; b keeps its view and is ready as a standby, deciding nothing; a is killed;
+    b leads and answers, without listing again."""
     lease = unique("lease")
     common = ("--no-webhooks", "--lease-name", lease, "--lease-duration", "6")
     (tmp_path / "a").mkdir()
@@ -39,7 +41,8 @@ def test_only_the_leader_decides_and_a_standby_takes_over_when_it_dies(
     b.start(until_ready=False)
     try:
         probe = wait_for("b waits", lambda: "held by replica-a" in b.probe("/readyz")[1] and b.probe("/readyz"))
-        assert probe[0] == 503
+        assert probe[0] == 200 and probe[1].startswith("ok: standby")
+        assert b.events("operator.synced") and not b.events("operator.deciding")
         holder = kube.get(kinds.kind("Lease"), lease, "cozy-gpu-system")["spec"]["holderIdentity"]
         assert holder == "replica-a"
 
@@ -49,17 +52,18 @@ def test_only_the_leader_decides_and_a_standby_takes_over_when_it_dies(
         answer_of(kube, namespace, ["vm1-gpu-0"], first)
         logged(a, "bind.answered", lambda e: e["request_id"] == first)
         assert [e["request_id"] for e in a.events("bind.answered")] == [first]
-        assert b.events("bind.answered") == [] and b.events("operator.synced") == []
+        assert b.events("bind.answered") == []
 
         a.kill()
-        wait_for("b leads", b.ready, timeout=30)
-        assert b.events("leader.acquired")
+        wait_for("b leads", lambda: b.events("operator.deciding"), timeout=30)
+        assert b.events("leader.acquired") and b.probe("/readyz") == (200, "ok: leader")
         template_device(kube, namespace, "vm2-gpu-0", gpu.cls)
         second = write_request(kube, namespace, ["vm2-gpu-0"], "vm2")
         [answered] = answer_of(kube, namespace, ["vm2-gpu-0"], second)
         assert answered["status"]["bindRequest"]["result"] == "Succeeded"
         logged(b, "bind.answered", lambda e: e["request_id"] == second)
         assert [e["request_id"] for e in b.events("bind.answered")] == [second]
+        assert len(b.events("operator.synced")) == 1, "the standby synced its view again on taking over"
         lease_now = kube.get(kinds.kind("Lease"), lease, "cozy-gpu-system")["spec"]
         assert (lease_now["holderIdentity"], lease_now["leaseTransitions"]) == ("replica-b", 1)
     finally:

@@ -4,9 +4,10 @@
 login; their admission handlers go to the gate (runtime.admission.gate). The informers
 (runtime.watching.informer, runtime.watching.podwatch) feed the view's door (runtime.view), whose changes
 wake the workers that subscribed. `startup` seeds the view with a resync
-(runtime.watching.resync), learns its own identity, starts the workers under supervision
-(runtime.process.supervision), serves (and in dev mode registers) the webhooks
-(runtime.admission.registration), and only then reports ready.
+(runtime.watching.resync), learns its own identity, keeps the watches going and serves the
+webhooks (runtime.admission.registration) under supervision (runtime.process.supervision) and
+reports ready, on every replica (§10); on the Lease holder alone it then starts the binder, the
+collector, the accountant and the guard (and in dev mode registers the webhooks).
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class Operator:
         self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
         self._not_leading = "not the leader yet"
         self.synced = False
+        self.deciding = False  # the Lease holder's workers run (§10)
         self._client_ca: bytes | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # Who hears of which changes: each worker keeps its own queue from them.
@@ -159,12 +161,15 @@ class Operator:
     # -- readiness ---------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
-        if self.leadership is not None and not self.leadership.leading:
-            return False, self._not_leading
+        """Ready once the view has synced and the webhooks serve, leader or standby (§10): every synced replica
+        serves admissions. The text says which role the replica has."""
         if not self.synced:
             return False, "the cluster view has not synced yet"
         if not self.registration.ready:
             return False, "the admission webhooks are not serving yet"
+        if self.settings.webhook_mode == "dev" and not self.registration.registered:
+            # Dev mode serves itself: ready means the API server calls it (its registration, as leader).
+            return False, "the admission webhooks are not registered yet"
         for task in self._tasks:
             if task.done():
                 return False, f"{task.get_name()} stopped"
@@ -175,7 +180,9 @@ class Operator:
         for informer in self.informers + self.pods.informers:
             if informer.failing is not None:
                 return False, f"the watch of {informer.kind.plural} is failing: {informer.failing}"
-        return True, ""
+        if self.leadership is None:
+            return True, ""
+        return True, "leader" if self.leadership.leading else f"standby, {self._not_leading}"
 
     def liveness(self) -> tuple[bool, str]:
         dead = sorted(self.supervisor.dead().items())
@@ -195,8 +202,9 @@ class Operator:
             self.reservations.seen(change.namespace, change.name)
 
     def _wake(self, change: Change) -> None:
-        """Once synced, the binder takes what the change hints at (it wakes only for what it decides on)."""
-        if self.synced:
+        """While it decides (the leader's, §10), the binder takes what the change hints at; a standby's binder
+        hears nothing, and its first pass on taking the Lease decides everything the view holds."""
+        if self.deciding:
             self.binder.changed(change)
 
     # -- lifecycle -------------------------------------------------------------
@@ -244,31 +252,23 @@ class Operator:
             log.info("webhook.client_ca", required=True)
 
     async def startup(self) -> None:
+        """Every replica lists, watches and, once synced, serves admissions (§10); the Lease holder alone decides
+        and writes what the workers write. A standby keeps its view warm, so taking the Lease costs no list."""
         await self.health.start()
-        if self.leadership is not None:  # a standby lists and decides nothing (§10: one active replica)
-            await self.leadership.acquire(self._waiting)
         await self._resync.once(resume=True)  # the view seeded; each kind's watch goes on from its list
         await self.pods.start()
         self.validation.operator_user = await self.kube.whoami()
         self.synced = True
         interval = self.settings.sweep_interval
-        workers: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
-            "accountant": self.accountant.run,
-            "collector": self.collector.run,
+        shared: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
             "resync": lambda: self._resync.every(interval),
             "pods": self.pods.run,
             **{f"watch-{i.kind.plural}": i.run for i in self.informers},
         }
-        if self.settings.binder:
-            workers["binder"] = self.binder.run
         if self.settings.webhook_mode != "off":
-            workers["webhooks"] = lambda: self.registration.serve(self.validation.operator_user)
-            workers["guard"] = self.guard.run
-        # Each worker started again after any failure (runtime.process.supervision); leadership is not: a renewal
-        # that fails is its own business, and losing the Lease ends the process (§10).
-        self._tasks = [self.supervisor.start(name, run) for name, run in workers.items()]
-        if self.leadership is not None:
-            self._tasks.append(self.supervisor.start("leadership", self.leadership.hold, restart=False))
+            shared["webhooks"] = self.registration.serve
+        # Each task started again after any failure (runtime.process.supervision).
+        self._tasks = [self.supervisor.start(name, run) for name, run in shared.items()]
         log.info(
             "operator.synced",
             devices=len(self.cluster.devices),
@@ -277,6 +277,34 @@ class Operator:
             identity=self.validation.operator_user,
             health_port=self.health.port,
         )
+        if self.leadership is None:
+            self._decide()
+        else:
+            # Leadership is not restarted: a renewal that fails is its own business, and losing the Lease ends the
+            # process (§10); the replica's webhooks serve meanwhile.
+            self._tasks.append(self.supervisor.start("leadership", self._lead, restart=False))
+
+    async def _lead(self) -> None:
+        assert self.leadership is not None
+        await self.leadership.acquire(self._waiting)
+        self._decide()
+        await self.leadership.hold()
+
+    def _decide(self) -> None:
+        """Start what only the Lease holder runs: the binder, the collector, the accountant, the guard of the
+        no-bypass policy's parameter and, in dev mode, the webhooks' registration."""
+        workers: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "accountant": self.accountant.run,
+            "collector": self.collector.run,
+        }
+        if self.settings.binder:
+            workers["binder"] = self.binder.run
+        if self.settings.webhook_mode != "off":
+            workers["guard"] = self.guard.run
+            workers["registration"] = lambda: self.registration.register(self.validation.operator_user)
+        self.deciding = True
+        self._tasks += [self.supervisor.start(name, run) for name, run in workers.items()]
+        log.info("operator.deciding", identity=self.leadership.identity if self.leadership else None)
 
     async def resync(self) -> int:
         """List every kind and make the view agree (§6.4); returns how many objects it had lost track of."""

@@ -36,7 +36,8 @@ class HealthServer:
 
     async def _readyz(self, request: web.Request) -> web.Response:
         ok, why = self._ready()
-        return web.Response(text="ok" if ok else why, status=200 if ok else 503)
+        text = (f"ok: {why}" if why else "ok") if ok else why  # ready: the text says the role (§10)
+        return web.Response(text=text, status=200 if ok else 503)
 
     async def _metrics_text(self, request: web.Request) -> web.Response:
         if self._metrics is None:

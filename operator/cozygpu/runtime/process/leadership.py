@@ -1,7 +1,8 @@
-"""Leader election over a coordination.k8s.io Lease (§10: one active replica).
+"""Leader election over a coordination.k8s.io Lease (§10: one active binder).
 
-The Operator calls `acquire` at start-up, before it lists or writes anything, and then
-runs `hold`, which renews the Lease. A replica that cannot renew within its term, or
+Every replica lists, watches and serves admissions; the Operator calls `acquire` once its
+view has synced, starts the workers only the holder runs, and then runs `hold`, which
+renews the Lease. A replica that cannot renew within its term, or
 finds another holder, calls `on_lost`: it must stop deciding at once, since another
 replica may already be. `release` on a clean stop lets a successor start without
 waiting out the term. Decisions about the Lease are `decisions.leadership`.
