@@ -151,7 +151,6 @@ def test_values_reach_the_operator_as_settings_it_accepts(helm: Path) -> None:
     """The Deployment's environment is valid Settings; timeouts flow into both the operator and the webhooks."""
     docs = render(helm, "--set", "operator.bindTimeout=5", "--set", "operator.webhookTimeout=25")
     deployment = one(docs, "Deployment")
-    assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]["type"]) == (1, "Recreate")
     [container] = deployment["spec"]["template"]["spec"]["containers"]
     from_pod = {"COZYGPU_IDENTITY": "pod-name", "COZYGPU_LEASE_NAMESPACE": NAMESPACE}  # the downward API's
     assert {e["name"] for e in container["env"] if "valueFrom" in e} == set(from_pod)
@@ -171,7 +170,7 @@ def test_every_rendered_object_is_accepted_by_the_api_server(helm: Path, kube: K
     docs = render(helm, release=release, namespace=namespace)
     expected = ["ServiceAccount", "Secret", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
                 "ClusterRoleBinding",
-                "Role", "RoleBinding", "Service", "Deployment", "MutatingWebhookConfiguration",
+                "Role", "RoleBinding", "Service", "Deployment", "PodDisruptionBudget", "MutatingWebhookConfiguration",
                 "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
                 "ValidatingAdmissionPolicyBinding", "NetworkPolicy"]  # fmt: skip
     assert sorted(d["kind"] for d in docs) == sorted(expected)
@@ -185,6 +184,109 @@ def test_every_rendered_object_is_accepted_by_the_api_server(helm: Path, kube: K
         else:  # the tenants' roles are cluster-wide: other tests installed them already
             doc["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
             kube.replace(kind, doc, dry_run=True)
+
+
+# -- replicas (§10; issue 21 item 4): one active binder, admissions on every synced replica ----------------------------
+
+
+def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = one(docs, "Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def test_two_replicas_by_default_upgraded_one_at_a_time(helm: Path) -> None:
+    """Two replicas; an upgrade starts the new pod and waits for it to be ready (/readyz: view synced, webhook
+    server listening) before it stops an old one, so one always serves admissions: not Recreate. A stopping pod
+    sleeps in preStop while the endpoints drop it, within a grace period that leaves an admission under way its
+    webhook timeout."""
+    docs = render(helm)
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
+                                              "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}  # fmt: skip
+    spec = pod_spec(docs)
+    [container] = spec["containers"]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert sleep > 0 and spec["terminationGracePeriodSeconds"] >= sleep + 20  # the default webhookTimeout
+    assert [p["targetPort"] for p in one(docs, "Service")["spec"]["ports"] if p["name"] == "webhook"] == ["webhook"]
+    assert one(docs, "Service")["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    single = render(helm, "--set", "replicas=1", "--set", "preStopSleepSeconds=0")
+    assert one(single, "Deployment")["spec"]["replicas"] == 1
+    assert "lifecycle" not in pod_spec(single)["containers"][0]
+
+
+def test_each_replica_is_its_own_pod_in_the_lease(helm: Path) -> None:
+    """COZYGPU_IDENTITY is the pod's name (the downward API), so replicas are distinct holders of one Lease, which
+    lives in the pod's namespace under a name every replica shares."""
+    [container] = pod_spec(render(helm, "--set", "replicas=3"))["containers"]
+    from_pod = {e["name"]: e["valueFrom"] for e in container["env"] if "valueFrom" in e}
+    assert from_pod == {"COZYGPU_IDENTITY": {"fieldRef": {"fieldPath": "metadata.name"}},
+                        "COZYGPU_LEASE_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}}}  # fmt: skip
+    assert "COZYGPU_LEASE_NAME" not in {e["name"] for e in container["env"]}  # one Lease for all of them
+
+
+def test_a_disruption_budget_takes_the_replicas_one_at_a_time(helm: Path) -> None:
+    """With more than one replica a PodDisruptionBudget selects exactly the Deployment's pods and lets one go at a
+    time (an unready one may always go: it serves nothing). One replica: none, which would block drains for
+    good; also none when turned off."""
+    docs = render(helm)
+    budget, deployment = one(docs, "PodDisruptionBudget"), one(docs, "Deployment")
+    assert budget["apiVersion"] == "policy/v1" and budget["metadata"]["name"] == RELEASE
+    assert budget["spec"]["selector"] == deployment["spec"]["selector"]
+    assert (
+        budget["spec"]["selector"]["matchLabels"].items()
+        <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    )
+    assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert one(render(helm, "--set", "replicas=3"), "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    for values in (("--set", "replicas=1"), ("--set", "podDisruptionBudget.enabled=false")):
+        assert "PodDisruptionBudget" not in {d["kind"] for d in render(helm, *values)}
+
+
+def test_replicas_spread_across_nodes_where_they_can(helm: Path) -> None:
+    """A soft spread on the node name, counting the operator's pods of one revision: a one-node cluster still
+    schedules every replica. The list is replaced by a value (a constraint's own labelSelector kept), [] removes
+    it, and `affinity` passes through."""
+    spec = pod_spec(render(helm))
+    selector = one(render(helm), "Deployment")["spec"]["selector"]
+    assert spec["topologySpreadConstraints"] == [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                                  "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector,
+                                                  "matchLabelKeys": ["pod-template-hash"]}]  # fmt: skip
+    zone = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}
+    own = {**zone, "labelSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["x"]}]}}
+    no_gpu = {"weight": 1, "preference": {"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}}
+    affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [no_gpu]}}
+    spec = pod_spec(render(helm, "--set-json", f"topologySpreadConstraints={json.dumps([zone, own])}",
+                           "--set-json", f"affinity={json.dumps(affinity)}"))  # fmt: skip
+    assert spec["topologySpreadConstraints"] == [{**zone, "labelSelector": selector}, own]
+    assert spec["affinity"] == affinity
+    assert "topologySpreadConstraints" not in pod_spec(render(helm, "--set-json", "topologySpreadConstraints=[]"))
+
+
+def test_the_replica_settings_are_accepted_by_the_api_server(helm: Path, kube: Kube) -> None:
+    """Server-side dry runs of the Deployment and budget in other forms than the defaults (which the test above
+    writes): three replicas with a zone spread and affinity; one replica, no preStop sleep."""
+    namespace = "chart-replicas-check"
+    kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    zone = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+    apart = {"topologyKey": "kubernetes.io/hostname",
+             "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": namespace}}}  # fmt: skip
+    affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": apart}]}}  # fmt: skip
+    forms = [("--set", "replicas=3", "--set-json", f"topologySpreadConstraints={json.dumps([zone])}",
+              "--set-json", f"affinity={json.dumps(affinity)}"),
+             ("--set", "replicas=1", "--set", "preStopSleepSeconds=0")]  # fmt: skip
+    for values in forms:
+        docs = render(helm, *values, release=namespace, namespace=namespace)
+        for doc in docs:
+            if doc["kind"] in ("Deployment", "PodDisruptionBudget"):
+                stored = kube.create(kinds.kind(doc["kind"]), doc, dry_run=True)
+                assert stored["spec"]["selector"] == doc["spec"]["selector"]
+                if doc["kind"] == "Deployment":
+                    assert stored["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+                    assert stored["spec"]["replicas"] == doc["spec"]["replicas"]
 
 
 def _gpudevice_review(namespace: str, class_name: str) -> bytes:

@@ -47,6 +47,7 @@ _ALL = {
     "Secret": Kind("v1", "Secret", "secrets", True),
     "Deployment": Kind("apps/v1", "Deployment", "deployments", True),
     "NetworkPolicy": Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", True),
+    "PodDisruptionBudget": Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
     "Lease": Kind("coordination.k8s.io/v1", "Lease", "leases", True),
     "Role": Kind("rbac.authorization.k8s.io/v1", "Role", "roles", True),
     "VirtualMachineInstance": Kind(KUBEVIRT_API_VERSION, "VirtualMachineInstance", "virtualmachineinstances", True),
