@@ -1,7 +1,9 @@
 """The GPUDevice, GPUClass and GPUBudget validating webhooks (§9): executors around the pure checks.
 
 Held-device creates are admitted one at a time and reserved until the view sees
-them, so two concurrent creates cannot together pass a budget (§7.4).
+them, so two concurrent creates cannot together pass a budget (§7.4); across replicas
+each admission also goes through the namespace's order ledger in the API
+(runtime.admission.ledger), whose resourceVersion serialises them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import structlog
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice
 from cozygpu.decisions import validation
 from cozygpu.decisions.budgets import Order
+from cozygpu.runtime.admission.ledger import Ledger
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.state.cluster import Cluster
 
@@ -32,12 +35,14 @@ class Validation:
         *,
         budgets_required: bool = False,
         exists: Callable[[str, str], Awaitable[bool]] | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
         self._cluster = cluster
         # A fresh read of a GPUDevice: the view may still hold one deleted a moment ago, and a create of its name
         # must not be refused for that.
         self._exists = exists
         self._reservations = reservations
+        self._ledger = ledger  # None: one replica only (tests), its reservations are the whole story
         self._budgets_required = budgets_required
         self.operator_user = ""  # learned at start-up (SelfSubjectReview)
 
@@ -67,8 +72,13 @@ class Validation:
                 if problem is None and held and await self._taken(namespace, device.name):
                     # The API server would answer AlreadyExists after admission: its order must not count.
                     problem = f"GPUDevice {device.name} already exists in namespace {namespace}, or is being created"
+                order = Order(namespace, device.spec.class_name, device.spec.count, device.name)
+                if problem is None and not dry_run and held and self._ledger is not None and self._budgeted(namespace):
+                    # Other replicas' admissions in flight, through the API (§7.4, §10): checked again with them.
+                    problem = await self._ledger.admit(
+                        order, device.name, self._seen, self._reservations.holds, self._check(device, user)
+                    )
                 if problem is None and not dry_run and held:
-                    order = Order(namespace, device.spec.class_name, device.spec.count, device.name)
                     self._reservations.add(namespace, device.name, order, review=review)
         elif operation == "UPDATE" and new is not None and old is not None:
             problem = validation.device_update(
@@ -77,6 +87,20 @@ class Validation:
         else:
             return
         self._answer("gpudevice", new or old or {}, problem)
+
+    def _seen(self, namespace: str, name: str) -> bool:
+        return self._cluster.device(namespace, name) is not None
+
+    def _budgeted(self, namespace: str) -> bool:
+        """Whether an order here can exceed anything: a budget covers the namespace (or one is required, §7)."""
+        return self._budgets_required or bool(self._cluster.budgets_covering(namespace))
+
+    def _check(self, device: GPUDevice, user: str) -> Callable[[list[Order]], str | None]:
+        """§9.1 for the create, with this replica's reservations and other replicas' orders as prior orders."""
+        return lambda others: validation.device_create(
+            self._cluster, device, user, self.operator_user, [*self._reservations.orders(), *others],
+            budgets_required=self._budgets_required,
+        )  # fmt: skip
 
     async def _taken(self, namespace: str, name: str) -> bool:
         if self._reservations.holds(namespace, name):

@@ -31,6 +31,7 @@ from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
 from cozygpu.runtime.admission import webhooks
 from cozygpu.runtime.admission.gate import Gate
 from cozygpu.runtime.admission.guard import ManagedResources
+from cozygpu.runtime.admission.ledger import Ledger
 from cozygpu.runtime.admission.pod_webhook import LauncherAdmission
 from cozygpu.runtime.admission.registration import Registration
 from cozygpu.runtime.admission.reservations import Reservations
@@ -107,8 +108,14 @@ class Operator:
             events=self.events,
             calls_in_flight=max(2, connections // 8),
         )
+        # The operator's own namespace: its Lease, the no-bypass policy's parameter (§12.3), the order ledgers.
+        self.namespace = leadership.lease_namespace(settings)
         self.validation = Validation(
-            self.cluster, self.reservations, budgets_required=settings.budgets_required, exists=self._device_exists
+            self.cluster,
+            self.reservations,
+            budgets_required=settings.budgets_required,
+            exists=self._device_exists,
+            ledger=Ledger(self.kube, self.namespace, ttl=settings.webhook_timeout + 10),
         )
         self.gate = Gate(
             self.vmis,
@@ -129,8 +136,6 @@ class Operator:
             recheck_interval=settings.sweep_interval,
             watch_timeout=settings.watch_timeout,
         )
-        # The operator's own namespace: its Lease, and the no-bypass policy's parameter (§12.3).
-        self.namespace = leadership.lease_namespace(settings)
         self.registration = Registration(settings, self.kube, self.namespace)
         self.guard = ManagedResources(self.cluster, self.kube, self.namespace, interval=settings.sweep_interval)
         # A task that really died ends the process: the kubelet starts a whole one again (§10).

@@ -1,0 +1,145 @@
+"""§7.4 across replicas (issue 21 item 3): held-device creates admitted by different replicas never together
+exceed a budget; the namespace's order ledger in the API, written under the version read, is where they meet."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, cast
+
+import pytest
+
+from cozygpu.decisions.budgets import Order
+from cozygpu.kube.adapter import AsyncKube, Conflict
+from cozygpu.runtime.admission.ledger import CONFIG_MAP, NAME, Busy, Ledger
+from cozygpu.runtime.admission.reservations import Reservations
+from cozygpu.runtime.admission.validation import Denied, Validation
+from tests.support.memkube import MemKube
+from tests.support.views import A10, budget, cluster, device, gpu_class, node
+
+OPS = "cozy-gpu-system"
+USER = "system:serviceaccount:t1:tenant"
+
+
+def _replica(kube: MemKube, *, ledger: bool = True) -> Validation:
+    """A replica's device webhook: its own view (a budget of 2 A10 units in t1, nothing created yet), its own
+    reservations, and the cluster's one API."""
+    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
+                   budgets=[budget("cap", namespace="t1", limits={"a10": 2})])  # fmt: skip
+    shared = Ledger(cast(AsyncKube, kube), OPS, ttl=30) if ledger else None
+    return Validation(view, Reservations(ttl=30), ledger=shared)
+
+
+async def _create(replica: Validation, name: str, review: str) -> bool:
+    try:
+        await replica.device("CREATE", device(name), None, USER, False, review=review)
+    except Denied:
+        return False
+    return True
+
+
+def _admitted(replicas: list[Validation], names: list[str], ledger: bool = True) -> list[str]:
+    async def run() -> list[str]:
+        out = []
+        for i, name in enumerate(names):
+            if await _create(replicas[i % len(replicas)], name, f"review-{name}"):
+                out.append(name)
+        return out
+
+    return asyncio.run(run())
+
+
+def test_creates_spread_over_two_replicas_stop_at_the_budget() -> None:
+    """Neither replica's view has seen a device yet; through the ledger the third order of 1 unit against a
+    limit of 2 is refused, wherever it lands (each replica alone would admit two)."""
+    kube = MemKube()
+    assert _admitted([_replica(kube), _replica(kube)], ["a", "b", "c", "d"]) == ["a", "b"]
+
+
+def test_without_the_ledger_two_replicas_together_exceed_the_budget() -> None:
+    """The gap the ledger closes: per-process reservations do not see each other (the test above fails so)."""
+    kube = MemKube()
+    assert _admitted([_replica(kube, ledger=False), _replica(kube, ledger=False)], ["a", "b", "c", "d"]) == [
+        "a", "b", "c", "d"]  # fmt: skip
+
+
+def test_a_replica_that_loses_the_write_checks_again_with_the_winners_order() -> None:
+    """Two admissions read the same ledger; the other replica writes first; this one's write conflicts, it reads
+    again, and its order no longer fits."""
+    kube = MemKube()
+    a = _replica(kube)
+    assert asyncio.run(_create(a, "a", "r1"))
+
+    def meanwhile() -> None:
+        # Another replica's admission of b lands between a's read and a's write.
+        stored = kube.stored(CONFIG_MAP, NAME, OPS)
+        assert stored is not None
+        entry = json.dumps({"class": "a10", "count": 1, "expires": time.time() + 30})
+        kube.change(CONFIG_MAP, {**stored, "data": {**stored["data"], "t1.b": entry}})
+
+    kube.before_next("replace", meanwhile)
+    assert not asyncio.run(_create(a, "c", "r3"))
+    data: dict[str, Any] = (kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}
+    assert sorted(data) == ["t1.a", "t1.b"]
+
+
+def test_an_order_the_view_has_seen_is_counted_once() -> None:
+    """Once a device is in a replica's view it counts there (§7.2), not again from the ledger."""
+    kube = MemKube()
+    a = _replica(kube)
+    assert asyncio.run(_create(a, "a", "r1"))
+    cap = budget("cap", namespace="t1", limits={"a10": 2})
+    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], budgets=[cap],
+                   devices=[device("a", phase="Pending")])  # fmt: skip
+    b = Validation(view, Reservations(ttl=30), ledger=Ledger(cast(AsyncKube, kube), OPS, ttl=30))
+    assert asyncio.run(_create(b, "b", "r2"))
+    assert not asyncio.run(_create(b, "c", "r3"))
+
+
+def _never(namespace: str, name: str) -> bool:
+    return False
+
+
+def test_a_ledger_that_never_gets_a_turn_fails_closed() -> None:
+    """Every write conflicting (another replica always first): the admission is not admitted, it errs (the API
+    server fails closed and the tenant retries)."""
+    kube = MemKube()
+    ledger = Ledger(cast(AsyncKube, kube), OPS, ttl=30)
+
+    for _ in range(25):
+        kube.fail_next(Conflict(409, "Conflict", "someone wrote first"), method="create")
+    with pytest.raises(Busy):
+        asyncio.run(ledger.admit(Order("t1", "a10", 1, "GPUDevice x"), "x", _never, _never, lambda others: None))
+
+
+def test_a_budget_over_two_namespaces_holds_when_each_replica_admits_in_another() -> None:
+    """A selector budget covers t1 and t2 (§1.4); replicas admitting in different namespaces still take turns on
+    the one ledger, so the third unit against a limit of 2 is refused."""
+    kube = MemKube()
+
+    def replica() -> Validation:
+        org = budget("org", namespace="t1", limits={"a10": 2}, namespaceSelector={"matchLabels": {"org": "x"}})
+        view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], budgets=[org],
+                       namespaces={"t1": {"org": "x"}, "t2": {"org": "x"}})  # fmt: skip
+        return Validation(view, Reservations(ttl=30), ledger=Ledger(cast(AsyncKube, kube), OPS, ttl=30))
+
+    a, b = replica(), replica()
+
+    async def run() -> list[bool]:
+        return [
+            await _create(a, "a", "r1"),
+            await _create_in(b, "t2", "b", "r2"),
+            await _create(a, "c", "r3"),
+            await _create_in(b, "t2", "d", "r4"),
+        ]
+
+    assert asyncio.run(run()) == [True, True, False, False]
+
+
+async def _create_in(replica: Validation, namespace: str, name: str, review: str) -> bool:
+    try:
+        await replica.device("CREATE", device(name, namespace=namespace), None, USER, False, review=review)
+    except Denied:
+        return False
+    return True
