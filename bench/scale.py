@@ -61,32 +61,41 @@ def main() -> None:
             print(f"{row[0]:>8}{row[1]:>10}{row[2]:>12.0f}{row[3]:>14.0f}{row[4]:>10.0f}{row[5]:>9.1f}")
 
 
+def populate(plane: ControlPlane, tmp: Path, nodes_: int, devices: int, timeout: float) -> Path:
+    """A cloud of `nodes_` fake GPU nodes and `devices` held GPUDevices, Bound by an operator that is then stopped;
+    returns the operator's kubeconfig (bench/failover.py starts from the same cloud)."""
+    args = argparse.Namespace(nodes=nodes_, devices=devices, timeout=timeout)
+    kube = plane.kube()
+    kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "gpu"},
+                                  "spec": {"mode": "passthrough", "resourceName": RESOURCE}})  # fmt: skip
+    for ns in range(NAMESPACES):
+        kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"t{ns}"}})
+    start = time.monotonic()
+    in_parallel(plane.kubeconfig_path, [f"node-{n:05d}" for n in range(args.nodes)],
+                lambda k, name: nodes.create_gpu_node(k, name, {RESOURCE: UNITS}))  # fmt: skip
+    print(f"{args.nodes} nodes in {time.monotonic() - start:.0f}s", flush=True)
+    config = identity.write_kubeconfig(plane, tmp / "operator")
+    filler = OperatorProcess(config, tmp / "filler.log", "--no-webhooks").start(timeout=args.timeout)
+    start = time.monotonic()
+    bodies = [{"apiVersion": API_VERSION, "kind": "GPUDevice", "metadata": {"name": f"d{i:06d}",
+               "namespace": f"t{i % NAMESPACES}"}, "spec": {"className": "gpu", "count": 1}}
+              for i in range(args.devices)]  # fmt: skip
+    in_parallel(plane.kubeconfig_path, bodies, lambda k, body: k.create(kinds.GPU_DEVICE, body))
+    while bound_count(kube) < args.devices:  # a list of every device: seconds apart, not a busy poll
+        if time.monotonic() - start > args.timeout:
+            raise SystemExit(f"not every device Bound after {args.timeout}s")
+        time.sleep(5)
+    print(f"{args.devices} devices created and Bound in {time.monotonic() - start:.0f}s", flush=True)
+    filler.stop()
+
+    return config
+
+
 def measure(nodes_: int, devices: int, timeout: float) -> tuple[int, int, float, float, float, float]:
     """One size on a fresh control plane; (nodes, devices, MiB ready, MiB after a resync, peak MiB, s to ready)."""
     args = argparse.Namespace(nodes=nodes_, devices=devices, timeout=timeout)
     with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
-        kube = plane.kube()
-        kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "gpu"},
-                                      "spec": {"mode": "passthrough", "resourceName": RESOURCE}})  # fmt: skip
-        for ns in range(NAMESPACES):
-            kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"t{ns}"}})
-        start = time.monotonic()
-        in_parallel(plane.kubeconfig_path, [f"node-{n:05d}" for n in range(args.nodes)],
-                    lambda k, name: nodes.create_gpu_node(k, name, {RESOURCE: UNITS}))  # fmt: skip
-        print(f"{args.nodes} nodes in {time.monotonic() - start:.0f}s", flush=True)
-        config = identity.write_kubeconfig(plane, Path(tmp) / "operator")
-        filler = OperatorProcess(config, Path(tmp) / "filler.log", "--no-webhooks").start(timeout=args.timeout)
-        start = time.monotonic()
-        bodies = [{"apiVersion": API_VERSION, "kind": "GPUDevice", "metadata": {"name": f"d{i:06d}",
-                   "namespace": f"t{i % NAMESPACES}"}, "spec": {"className": "gpu", "count": 1}}
-                  for i in range(args.devices)]  # fmt: skip
-        in_parallel(plane.kubeconfig_path, bodies, lambda k, body: k.create(kinds.GPU_DEVICE, body))
-        while bound_count(kube) < args.devices:  # a list of every device: seconds apart, not a busy poll
-            if time.monotonic() - start > args.timeout:
-                raise SystemExit(f"not every device Bound after {args.timeout}s")
-            time.sleep(5)
-        print(f"{args.devices} devices created and Bound in {time.monotonic() - start:.0f}s", flush=True)
-        filler.stop()
+        config = populate(plane, Path(tmp), args.nodes, args.devices, args.timeout)
 
         cold = OperatorProcess(config, Path(tmp) / "cold.log", "--no-webhooks", "--sweep-interval", "30")
         start = time.monotonic()

@@ -1,0 +1,70 @@
+"""Benchmark (§10, issue 21 item 6): failover, leader killed -> first bind answered by its successor.
+
+On a local control plane: `--nodes` fake GPU nodes and `--devices` held GPUDevices, Bound (as
+bench/scale.py builds them). Two replicas start, each with its own identity, competing for a
+Lease of `--lease-duration` seconds; the standby keeps its view warm. A held device is created,
+the leader is killed with SIGKILL at once, and the clock runs until the device is Bound by the
+successor. Prints that beside the Lease term (the floor: a standby must wait out the dead leader's
+term) and the ratio, and each replica's resident memory (each holds a view). Asserts nothing.
+Run: `make bench` (or `python bench/failover.py --nodes 1000 --devices 10000`); loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+from scale import NAMESPACES, populate, rss_mib
+
+from cozygpu.api import kinds
+from cozygpu.api.names import API_VERSION
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=5000)
+    p.add_argument("--devices", type=int, default=50000)
+    p.add_argument("--lease-duration", type=int, default=15)
+    p.add_argument("--timeout", type=float, default=1800.0)
+    args = p.parse_args()
+    with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
+        kube = plane.kube()
+        config = populate(plane, Path(tmp), args.nodes, args.devices, args.timeout)
+        lease = ("--no-webhooks", "--lease-name", "bench-failover", "--lease-duration", str(args.lease_duration))
+        a = OperatorProcess(config, Path(tmp) / "a.log", "--identity", "replica-a", *lease).start(timeout=args.timeout)
+        b = OperatorProcess(config, Path(tmp) / "b.log", "--identity", "replica-b", *lease).start(timeout=args.timeout)
+        assert a.proc is not None and b.proc is not None
+        wait_for("a leads", lambda: a.events("operator.deciding"), timeout=args.timeout)
+        memory = (rss_mib(a.proc.pid), rss_mib(b.proc.pid))
+        probe = {"apiVersion": API_VERSION, "kind": "GPUDevice", "metadata": {"name": "failover-probe",
+                 "namespace": f"t{NAMESPACES - 1}"}, "spec": {"className": "gpu", "count": 1}}  # fmt: skip
+
+        def bound() -> bool:
+            body = kube.get_or_none(kinds.GPU_DEVICE, "failover-probe", f"t{NAMESPACES - 1}") or {}
+            return (body.get("status") or {}).get("phase") == "Bound"
+
+        lists = len(b.events("watch.listed"))
+        a.kill()
+        start = time.monotonic()
+        kube.create(kinds.GPU_DEVICE, probe)
+        while not bound():
+            if time.monotonic() - start > args.timeout:
+                raise SystemExit("the successor bound nothing")
+            time.sleep(0.05)
+        failover = time.monotonic() - start
+        lists = len(b.events("watch.listed")) - lists
+        b.stop()
+    print(f"{'at ' + str(args.nodes) + ' nodes, ' + str(args.devices) + ' devices':<48}{'measured':>10}"
+          f"{'Lease term':>12}{'ratio':>8}")  # fmt: skip
+    print(f"{'failover: leader killed -> a bind answered (s)':<48}{failover:>10.1f}{args.lease_duration:>12}"
+          f"{failover / args.lease_duration:>8.2f}")  # fmt: skip
+    print(f"{'resident memory, leader / standby (MiB)':<48}{memory[0]:>5.0f} / {memory[1]:<5.0f}")
+    print(f"  lists by the successor between the kill and the bind: {lists} (0: its view was warm)")
+
+
+if __name__ == "__main__":
+    main()
