@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.api.names import ANNOTATION_DEVICES, gpu_entry_name, template_device_name
+from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_TEMPLATE_DEVICE, gpu_entry_name, template_device_name
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
@@ -70,10 +70,13 @@ def _admitted(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if not e.get("dry_run")]
 
 
-def _phase(kube: Kube, namespace: str, name: str) -> str | None:
-    body = kube.get_or_none(kinds.GPU_DEVICE, name, namespace) or {}
-    phase: str | None = (body.get("status") or {}).get("phase")
+def _phase_of(device: dict[str, Any]) -> str | None:
+    phase: str | None = (device.get("status") or {}).get("phase")
     return phase
+
+
+def _phase(kube: Kube, namespace: str, name: str) -> str | None:
+    return _phase_of(kube.get_or_none(kinds.GPU_DEVICE, name, namespace) or {})
 
 
 def _all_bound(kube: Kube, namespace: str, devices: list[str], timeout: float = 30) -> None:
@@ -243,25 +246,40 @@ def test_a_rolling_upgrade_under_a_stream_of_creates_fails_no_admission(
     assert all(r.process.events("vmi.admitted") for r in replicas.every()), "a replica served no admission"
 
 
+ACROSS_REPLICAS = pytest.mark.xfail(
+    strict=True,
+    reason="issue 21 item 3: held-device creates are serialised and reserved per process (§7.4), so three replicas"
+    " each admit up to the budget; measured 6 to 10 units in use against a budget of 4 (persisting after the race)",
+)
+
+
+@pytest.mark.parametrize("count", [1, pytest.param(3, marks=ACROSS_REPLICAS)], ids=["one replica", "three replicas"])
 def test_a_budget_raced_across_replicas_is_never_exceeded(
-    kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, replicas: Replicas
+    kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, replicas: Replicas, count: int
 ) -> None:
-    """Held-device creates and VMI admissions at once, spread over three replicas: the units in use never pass
-    the namespace's GPUBudget."""
+    """Held-device creates and VMI admissions at once, spread over the replicas: the units in use never pass the
+    namespace's GPUBudget (one replica: the control)."""
     limit = 4
     for n in range(2):
         gpu_node({gpu.resource: 16}, name=f"budget-{n}-{gpu.cls}")
     kube.create(kinds.GPU_BUDGET, budget_body(namespace, limits={gpu.cls: limit}))
-    for _ in range(3):
+    for _ in range(count):
         replicas.start()
     replicas.leader(kube)
     _serving(kube, namespace, gpu, replicas)
 
-    def in_use() -> int:
-        return sum(d["spec"].get("count", 1) for d in kube.list(kinds.GPU_DEVICE, namespace)
-                   if not d["metadata"].get("deletionTimestamp"))  # fmt: skip
+    def in_use() -> tuple[int, list[str]]:
+        """Units of admitted orders (§7.4), and which devices: held devices not being deleted, and template devices
+        once Bound (the VMI webhook's early check is advice; the binder's check decides, and undoes the rest)."""
+        live = [
+            d
+            for d in kube.list(kinds.GPU_DEVICE, namespace)
+            if not d["metadata"].get("deletionTimestamp")
+            and (d["metadata"].get("labels", {}).get(LABEL_TEMPLATE_DEVICE) != "true" or _phase_of(d) == "Bound")
+        ]
+        return sum(d["spec"].get("count", 1) for d in live), sorted(d["metadata"]["name"] for d in live)
 
-    most = 0
+    most: tuple[int, list[str]] = (0, [])
     racing = threading.Event()
 
     def watch() -> None:
@@ -292,6 +310,9 @@ def test_a_budget_raced_across_replicas_is_never_exceeded(
     time.sleep(1)  # what a refused admission undoes, undone
     racing.clear()
     watcher.join()
-    most = max(most, in_use())
+    final = in_use()
     served = [len(r.process.events("vmi.admitted")) + len(r.process.events("vmi.refused")) for r in replicas.live]
-    assert most <= limit, f"{most} units in use at once, budget {limit} (replicas served {served})"
+    assert max(most, final)[0] <= limit, (
+        f"{most[0]} units in use at most ({', '.join(most[1])}), {final[0]} after; budget {limit}; VMI reviews per"
+        f" replica {served}"
+    )
