@@ -194,6 +194,3 @@ class Replicas:
             replica.process.stop()
         unregister_webhooks(kube)
         self.balancer.close()
-
-    def every(self) -> list[Replica]:
-        return self.live + self.gone
