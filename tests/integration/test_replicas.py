@@ -8,6 +8,7 @@ spreads the API server's webhook calls over a Deployment; the test registers the
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import random
 import threading
@@ -117,13 +118,19 @@ def test_a_standby_answers_admissions_while_the_leader_binds(
     _serving(kube, namespace, gpu, replicas)
 
     created: list[str] = []
+    failed: list[str] = []
+    numbers = itertools.count()
 
     def create(name: str) -> None:
-        kube.create(kinds.VMI, vmi_body(name, namespace, _template(gpu.cls)))
+        try:
+            kube.create(kinds.VMI, vmi_body(name, namespace, _template(gpu.cls)))
+        except ApiError as e:
+            failed.append(f"{name}: {e.message}")
+            return
         created.append(name)
 
     def served_by_every_replica() -> bool:
-        wave = [f"vm{len(created) + i}" for i in range(6)]  # at once: the API server opens several connections
+        wave = [f"vm{next(numbers)}" for _ in range(6)]  # at once: the API server opens several connections
         threads = [threading.Thread(target=create, args=(name,)) for name in wave]
         for t in threads:
             t.start()
@@ -132,6 +139,7 @@ def test_a_standby_answers_admissions_while_the_leader_binds(
         return all(_admitted(r.process.events("vmi.admitted")) for r in replicas.live)
 
     wait_for("every replica to admit some VMI", served_by_every_replica, timeout=60)
+    assert failed == []
     for name in created:
         assert _gpus(kube.get(kinds.VMI, name, namespace)) == [gpu_entry_name(0, 0)], name
     _all_bound(kube, namespace, [template_device_name(name, 0) for name in created])
