@@ -88,6 +88,7 @@ def _run(args: argparse.Namespace) -> int:
         "kubeconfig": kubeconfig,
         "bind_timeout": args.bind_timeout,
         "webhook_timeout": args.webhook_timeout,
+        "drain_seconds": args.drain_seconds,
         "grace_period": args.grace_period,
         "sweep_interval": args.sweep_interval,
         "pod_scan_interval": args.pod_scan_interval,
@@ -137,6 +138,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--kubeconfig", help="unset: the in-cluster service account")
     run.add_argument("--bind-timeout", type=float, help="seconds the webhook waits for the binder (default 10)")
     run.add_argument("--webhook-timeout", type=float, help="the API server's webhook timeout (default 20)")
+    run.add_argument(
+        "--drain-seconds", type=float, help="on SIGTERM, answer admissions this long before stopping (default 3)"
+    )
     run.add_argument("--grace-period", type=float, help="attachment grace period, seconds (default 120)")
     run.add_argument("--sweep-interval", type=float, help="safety-net sweep period, seconds (default 60)")
     run.add_argument("--crash-at-write", type=int, help=argparse.SUPPRESS)  # tests/reliability only

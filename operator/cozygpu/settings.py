@@ -23,6 +23,13 @@ class Settings(BaseModel):
     kubeconfig: Path | None = Field(default=None, description="Unset: in-cluster service account.")
     bind_timeout: float = Field(default=10.0, gt=0, le=29, description="How long the webhook waits for the binder.")
     webhook_timeout: float = Field(default=20.0, gt=0, le=30, description="The API server's timeout for our webhook.")
+    drain_seconds: float = Field(
+        default=3.0,
+        ge=0,
+        le=30,
+        description="On SIGTERM, keep serving admissions this long, not ready and closing each connection after its"
+        " answer, so a rolling upgrade fails none (§10); 0 with --dev, which serves only itself.",
+    )
     grace_period: float = Field(default=120.0, gt=0, description="Attachment grace period (§6.3), seconds.")
     sweep_interval: float = Field(default=60.0, gt=0, description="Safety-net sweep period (§6.4), seconds.")
     pod_scan_interval: float = Field(

@@ -263,10 +263,14 @@ def test_a_rolling_upgrade_under_a_stream_of_creates_fails_no_admission(
     _all_bound(kube, namespace, [template_device_name(name, 0) for name in created])
 
 
+# Open (issue 21 item 3): held creates across replicas take turns on the order ledger, but the leader's binder
+# does not see a held order another replica admitted until its view has the device, so a template bind and that
+# create can together pass the budget by a set: measured 5 units against 4 in two of three runs (before the
+# ledger: 6 to 10 in every run). Not strict: the race is not lost every time.
 ACROSS_REPLICAS = pytest.mark.xfail(
-    strict=True,
-    reason="issue 21 item 3: held-device creates are serialised and reserved per process (§7.4), so three replicas"
-    " each admit up to the budget; measured 6 to 10 units in use against a budget of 4 (persisting after the race)",
+    strict=False,
+    reason="issue 21 item 3: a template bind on the leader and a held create on another replica can pass a budget"
+    " together (5 against 4 measured); held creates alone no longer can (tests/unit/test_ledger.py)",
 )
 
 

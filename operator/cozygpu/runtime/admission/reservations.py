@@ -37,12 +37,18 @@ class Reservations:
         self._by_name: dict[tuple[str, str], set[str]] = {}
         self._unnamed = itertools.count()
 
-    def add(self, namespace: str, name: str, order: Order, *, review: str = "") -> None:
-        """Reserve `order` for the admission `review` (a made-up key where there is none: tests, direct calls)."""
+    def add(self, namespace: str, name: str, order: Order, *, review: str = "") -> str:
+        """Reserve `order` for the admission `review` (a made-up key where there is none: tests, direct calls);
+        returns the reservation's key."""
         key = review or f"unnamed-{next(self._unnamed)}"
         self._drop(key)
         self._items[key] = _Reservation(namespace, name, order, time.monotonic() + self._ttl)
         self._by_name.setdefault((namespace, name), set()).add(key)
+        return key
+
+    def cancel(self, key: str) -> None:
+        """The admission that reserved under `key` refused after all: its order never counts."""
+        self._drop(key)
 
     def holds(self, namespace: str, name: str) -> bool:
         """Whether a create of this name is admitted and not yet seen (expired ones count until `orders`)."""
@@ -53,11 +59,12 @@ class Reservations:
         for key in self._by_name.pop((namespace, name), set()):
             self._items.pop(key, None)
 
-    def orders(self) -> list[Order]:
+    def orders(self, excluding: str = "") -> list[Order]:
+        """Every live reservation's order, but the one under `excluding` (the admission asking)."""
         now = time.monotonic()
         for key in [k for k, r in self._items.items() if r.expires < now]:
             self._drop(key)
-        return [r.order for r in self._items.values()]
+        return [r.order for k, r in self._items.items() if k != excluding]
 
     def _drop(self, key: str) -> None:
         old = self._items.pop(key, None)

@@ -69,17 +69,18 @@ class Validation:
                     self._reservations.orders(),
                     budgets_required=self._budgets_required,
                 )
-                if problem is None and held and await self._taken(namespace, device.name):
-                    # The API server would answer AlreadyExists after admission: its order must not count.
-                    problem = f"GPUDevice {device.name} already exists in namespace {namespace}, or is being created"
+                if problem is None and held and self._reservations.holds(namespace, device.name):
+                    problem = self._duplicate(device)
                 order = Order(namespace, device.spec.class_name, device.spec.count, device.name)
-                if problem is None and not dry_run and held and self._ledger is not None and self._budgeted(namespace):
-                    # Other replicas' admissions in flight, through the API (§7.4, §10): checked again with them.
-                    problem = await self._ledger.admit(
-                        order, device.name, self._seen, self._reservations.holds, self._check(device, user)
-                    )
-                if problem is None and not dry_run and held:
-                    self._reservations.add(namespace, device.name, order, review=review)
+                key = None
+                if problem is None and held and not dry_run:
+                    # Reserved before any await: the binder decides on this event loop meanwhile, and must count it.
+                    key = self._reservations.add(namespace, device.name, order, review=review)
+                try:
+                    problem = problem or await self._confirm(device, user, order, key)
+                finally:
+                    if key is not None and problem is not None:
+                        self._reservations.cancel(key)
         elif operation == "UPDATE" and new is not None and old is not None:
             problem = validation.device_update(
                 GPUDevice.from_wire(old), GPUDevice.from_wire(new), user, self.operator_user
@@ -95,19 +96,32 @@ class Validation:
         """Whether an order here can exceed anything: a budget covers the namespace (or one is required, §7)."""
         return self._budgets_required or bool(self._cluster.budgets_covering(namespace))
 
-    def _check(self, device: GPUDevice, user: str) -> Callable[[list[Order]], str | None]:
-        """§9.1 for the create, with this replica's reservations and other replicas' orders as prior orders."""
+    def _check(self, device: GPUDevice, user: str, key: str) -> Callable[[list[Order]], str | None]:
+        """§9.1 for the create, with this replica's other reservations and other replicas' orders as prior orders."""
         return lambda others: validation.device_create(
-            self._cluster, device, user, self.operator_user, [*self._reservations.orders(), *others],
+            self._cluster, device, user, self.operator_user, [*self._reservations.orders(excluding=key), *others],
             budgets_required=self._budgets_required,
         )  # fmt: skip
 
-    async def _taken(self, namespace: str, name: str) -> bool:
-        if self._reservations.holds(namespace, name):
-            return True
-        if self._cluster.device(namespace, name) is None:
-            return False
-        return self._exists is None or await self._exists(namespace, name)
+    async def _confirm(self, device: GPUDevice, user: str, order: Order, key: str | None) -> str | None:
+        """What needs the API for a held create that passed the view's checks: that its name is free (the view may
+        hold a device deleted a moment ago), and, across replicas, the order ledger (§7.4, §10)."""
+        namespace = device.namespace or ""
+        if device.carries_template_label:
+            return None
+        if self._cluster.device(namespace, device.name) is not None and (
+            self._exists is None or await self._exists(namespace, device.name)
+        ):
+            # The API server would answer AlreadyExists after admission: its order must not count.
+            return self._duplicate(device)
+        if key is None or self._ledger is None or not self._budgeted(namespace):
+            return None
+        return await self._ledger.admit(order, device.name, self._seen, self._reservations.holds,
+                                        self._check(device, user, key))  # fmt: skip
+
+    @staticmethod
+    def _duplicate(device: GPUDevice) -> str:
+        return f"GPUDevice {device.name} already exists in namespace {device.namespace}, or is being created"
 
     def gpu_class(self, operation: str, new: dict[str, Any] | None, old: dict[str, Any] | None) -> None:
         if operation != "UPDATE" or new is None or old is None:

@@ -13,6 +13,7 @@ import contextvars
 import json
 import ssl
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,10 +108,13 @@ def envelope_problem(review: Any) -> str | None:
 
 class ReviewServer(kopf.WebhookServer):
     """kopf's server, answering what is not an AdmissionReview request for one of our hooks as the HTTP error it
-    is (400 naming the field, 404 for a path no hook serves) rather than 500 or an allowed answer (§3)."""
+    is (400 naming the field, 404 for a path no hook serves) rather than 500 or an allowed answer (§3). While
+    `closing` says so (a replica draining before it stops, §10) every answer closes its connection, so the API
+    server's next request opens one to a replica that stays."""
 
-    @staticmethod
-    async def _serve(fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:
+    closing: Callable[[], bool] = staticmethod(lambda: False)
+
+    async def _serve(self, fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:  # type: ignore[override]
         if request.match_info.get("id") not in HOOKS:
             raise aiohttp.web.HTTPNotFound(reason="no webhook is served at this path")
         request = request.clone(client_max_size=MAX_REVIEW_BYTES)
@@ -128,6 +132,8 @@ class ReviewServer(kopf.WebhookServer):
                 response: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, request)
         finally:
             REVIEW_UID.reset(token)
+        if self.closing():
+            response.force_close()
         return response
 
 

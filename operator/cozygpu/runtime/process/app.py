@@ -153,6 +153,9 @@ class Operator:
         self._not_leading = "not the leader yet"
         self.synced = False
         self.deciding = False  # the Lease holder's workers run (§10)
+        # Set to stop kopf (runtime.process.handlers); on a signal, only once admissions have drained.
+        self.stop = asyncio.Event()
+        self.stopping = False
         self._client_ca: bytes | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # Who hears of which changes: each worker keeps its own queue from them.
@@ -168,6 +171,8 @@ class Operator:
     def readiness(self) -> tuple[bool, str]:
         """Ready once the view has synced and the webhooks serve, leader or standby (§10): every synced replica
         serves admissions. The text says which role the replica has."""
+        if self.stopping:
+            return False, "stopping: answering the admissions under way"
         if not self.synced:
             return False, "the cluster view has not synced yet"
         if not self.registration.ready:
@@ -229,12 +234,14 @@ class Operator:
             self.registration.serving = webhooks.dev_serving(host, port, self._client_ca)
             settings.admission.server = self.registration.serving.server
         elif mode == "cluster":
-            settings.admission.server = webhooks.cluster_serving(
+            server = webhooks.cluster_serving(
                 self.settings.webhook_host,
                 self.settings.webhook_port or 9443,
                 self.settings.webhook_cert_dir,
                 self._client_ca,
             )
+            server.closing = lambda: self.stopping
+            settings.admission.server = server
 
     async def load_client_ca(self) -> None:
         """§14.1: the CA whose client certificates may call the webhooks: the setting's file, or with --dev the
@@ -327,6 +334,22 @@ class Operator:
                 task.cancel()
         self._not_leading = "the Lease was lost"
         self._end()
+
+    def drain_on_signals(self) -> None:
+        """SIGTERM and SIGINT drain first (`drain_seconds`): not ready, every answer closing its connection so the
+        caller's next request opens one to another replica, then kopf stops, which lets the requests under way
+        finish (§10: an upgrade fails no admission)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._terminate)
+
+    def _terminate(self) -> None:
+        if self.stopping:
+            return
+        self.stopping = True
+        drain = 0.0 if self.settings.webhook_mode != "cluster" else self.settings.drain_seconds
+        log.info("operator.draining", seconds=drain)
+        asyncio.get_running_loop().call_later(drain, self.stop.set)
 
     def _end(self) -> None:
         """Stop the process as SIGTERM would (kopf's cleanup runs), once whatever asks."""

@@ -44,11 +44,21 @@ def kopf_options(settings: Settings) -> dict[str, Any]:
 
 
 async def run(settings: Settings, stop_flag: asyncio.Event | None = None) -> None:
-    """Run the operator until stopped (a signal, or `stop_flag`)."""
+    """Run the operator until stopped (a signal, drained first; or `stop_flag`, at once)."""
     operator = Operator(settings)
     registry = kopf.OperatorRegistry()
     register(registry, operator)
-    await kopf.operator(registry=registry, stop_flag=stop_flag, **kopf_options(settings))
+    outside = asyncio.create_task(_relay(stop_flag, operator.stop)) if stop_flag is not None else None
+    try:
+        await kopf.operator(registry=registry, stop_flag=operator.stop, **kopf_options(settings))
+    finally:
+        if outside is not None:
+            outside.cancel()
+
+
+async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
+    await source.wait()
+    target.set()
 
 
 def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
@@ -57,6 +67,7 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
         await operator.load_client_ca()
         operator.configure(settings)
         await operator.startup()
+        operator.drain_on_signals()  # after kopf's own handlers: ours replace them
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
