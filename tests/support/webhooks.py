@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cozygpu import tls
-from cozygpu.api import kinds
+from cozygpu.api import hooks, kinds
 from cozygpu.kube.adapter import Kube
 
 DENY_LABEL = "test.cozy/deny"
@@ -76,8 +76,7 @@ def _serving(directory: Path) -> Iterator[tuple[int, bytes]]:
 
 
 def _rule() -> dict[str, Any]:
-    return {"apiGroups": ["kubevirt.io"], "apiVersions": ["v1"], "resources": ["virtualmachineinstances"],
-            "operations": ["CREATE"]}  # fmt: skip
+    return hooks.VMI.rule()  # the VMI creates our own hook sees (api.hooks, the one table)
 
 
 @contextmanager

@@ -70,9 +70,8 @@ def test_a_waiting_held_device_is_bound_on_the_best_fit_node_in_the_api_and_the_
     assert not view.cluster.assumed(NS, "d")  # the write settled its assumption
 
 
-def test_a_bind_request_places_its_devices_on_one_node_and_is_answered_succeeded() -> None:
-    """§4: two devices of one request land together on the one node that has room for both."""
-    binder, view, kube = _binder({"n1": 1, "n2": 2})
+def _answer_a_request_of_two(binder: Binder, view: View, kube: MemKube) -> None:
+    """Devices a and b carrying one bind request (§4), run until the binder has answered both."""
     status = request("r1", "vm", ["a", "b"], now())
     _seen(view, kube, device("a", status=status))
     _seen(view, kube, device("b", status=status))
@@ -81,6 +80,12 @@ def test_a_bind_request_places_its_devices_on_one_node_and_is_answered_succeeded
         return all(_status(kube, n).get("bindRequest", {}).get("result") for n in ("a", "b"))
 
     assert asyncio.run(run_until(binder.run, answered))
+
+
+def test_a_bind_request_places_its_devices_on_one_node_and_is_answered_succeeded() -> None:
+    """§4: two devices of one request land together on the one node that has room for both."""
+    binder, view, kube = _binder({"n1": 1, "n2": 2})
+    _answer_a_request_of_two(binder, view, kube)
     for name in ("a", "b"):
         assert _status(kube, name)["bindRequest"]["result"] == "Succeeded"
         assert _bound_on(kube, name) == "n2"
@@ -89,14 +94,7 @@ def test_a_bind_request_places_its_devices_on_one_node_and_is_answered_succeeded
 def test_a_bind_request_no_node_fits_is_answered_failed_with_a_reason_on_every_device() -> None:
     """§4: two units asked, no node has two: Failed on every device of the set, with a message naming the nodes."""
     binder, view, kube = _binder({"n1": 1, "n2": 1})
-    status = request("r1", "vm", ["a", "b"], now())
-    _seen(view, kube, device("a", status=status))
-    _seen(view, kube, device("b", status=status))
-
-    def answered() -> bool:
-        return all(_status(kube, n).get("bindRequest", {}).get("result") for n in ("a", "b"))
-
-    assert asyncio.run(run_until(binder.run, answered))
+    _answer_a_request_of_two(binder, view, kube)
     for name in ("a", "b"):
         answer = _status(kube, name)["bindRequest"]
         assert answer["result"] == "Failed" and "no node has 2 free units" in answer["message"]

@@ -27,11 +27,6 @@ def class_of(cluster: Cluster, device: GPUDevice) -> GPUClass | None:
     return cluster.classes.get(device.spec.class_name)
 
 
-def resource_of(cluster: Cluster, device: GPUDevice) -> str | None:
-    cls = class_of(cluster, device)
-    return cls.spec.resource_name if cls else None
-
-
 def held(cluster: Cluster, node: str) -> dict[str, int]:
     """Units held on the node per resource: the counts of its Bound devices (every namespace)."""
     return cluster.held_units(node)
