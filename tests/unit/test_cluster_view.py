@@ -353,3 +353,11 @@ def test_removing_a_kubevirt_without_a_host_device_table_is_a_change() -> None:
     assert c.kubevirts == {("kubevirt", "kubevirt"): None}
     gone = View(c).apply(kinds.KUBEVIRT, {"metadata": {**kv["metadata"], "resourceVersion": "4"}}, deleted=True)
     assert gone.stored and c.kubevirts == {}
+
+
+def test_a_node_with_a_thousand_units_is_read_as_the_api_server_writes_it() -> None:
+    """The API server canonicalises 1000 units to "1k": the view counts them all, not none (found by a bench)."""
+    body = node("n1", {A10: 2})
+    body["status"]["allocatable"][A10] = "1k"
+    c = cluster(nodes=[body], classes=[gpu_class("a10")])
+    assert c.nodes["n1"].allocatable[A10] == 1000 and c.most_units(A10) == 1000

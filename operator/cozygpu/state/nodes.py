@@ -3,11 +3,13 @@ tolerations matched against it as Kubernetes matches them (label selectors: `api
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cozygpu.api.pods import BadQuantity, is_extended, units
 from cozygpu.api.selectors import TaintEffect, Toleration, TolerationOperator
 
 _PLAIN_INT = re.compile(r"^\d+$")
@@ -40,15 +42,27 @@ class NodeInfo:
         return max(0, self.units(resource) - held)
 
 
+def _allocatable(quantities: dict[str, Any]) -> dict[str, int]:
+    """Whole counts; an extended resource's in any form the API server writes it (1000 reads back as "1k")."""
+    out = {}
+    for resource, value in quantities.items():
+        if not isinstance(value, str):
+            continue
+        if _PLAIN_INT.match(value):
+            out[resource] = int(value)
+        elif is_extended(resource):
+            with contextlib.suppress(BadQuantity):
+                out[resource] = units(value)
+    return out
+
+
 def node_info(body: dict[str, Any]) -> NodeInfo:
     meta = body.get("metadata", {})
     spec = body.get("spec") or {}
     status = body.get("status") or {}
     conditions = status.get("conditions") or []
     ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
-    allocatable = {
-        k: int(v) for k, v in (status.get("allocatable") or {}).items() if isinstance(v, str) and _PLAIN_INT.match(v)
-    }
+    allocatable = _allocatable(status.get("allocatable") or {})
     taints = tuple(
         Taint(t.get("key", ""), t.get("value", "") or "", t.get("effect", "")) for t in spec.get("taints") or []
     )
