@@ -106,6 +106,7 @@ bench: venv
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/backlog.py --nodes 5000 --cold 0
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/scale.py
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/failover.py
+	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/rolling.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .dev
