@@ -267,14 +267,7 @@ def test_a_rolling_upgrade_under_a_stream_of_creates_fails_no_admission(
 # does not see a held order another replica admitted until its view has the device, so a template bind and that
 # create can together pass the budget by a set: measured 5 units against 4 in two of three runs (before the
 # ledger: 6 to 10 in every run). Not strict: the race is not lost every time.
-ACROSS_REPLICAS = pytest.mark.xfail(
-    strict=False,
-    reason="issue 21 item 3: a template bind on the leader and a held create on another replica can pass a budget"
-    " together (5 against 4 measured); held creates alone no longer can (tests/unit/test_ledger.py)",
-)
-
-
-@pytest.mark.parametrize("count", [1, pytest.param(3, marks=ACROSS_REPLICAS)], ids=["one replica", "three replicas"])
+@pytest.mark.parametrize("count", [1, 3], ids=["one replica", "three replicas"])
 def test_a_budget_raced_across_replicas_is_never_exceeded(
     kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, replicas: Replicas, count: int
 ) -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cozygpu.api import GPUBudget, kinds
 from cozygpu.api.selectors import selector_matches
-from cozygpu.decisions.budgets import Order, check_orders, covering_budgets, usage
+from cozygpu.decisions.budgets import Order, check_orders, covering_budgets, overrun, usage
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 from tests.support.views import budget, cluster, device, gpu_class, rv
@@ -91,6 +91,21 @@ def test_a_class_not_in_limits_is_unlimited_without_total() -> None:
     """§1.4: a class the budget does not name is not limited by it."""
     c = cluster(classes=[gpu_class("a10"), gpu_class("h100")], budgets=[budget("cap", limits={"h100": 0})])
     assert check_orders(c, [order(50)]) is None
+
+
+def test_an_overrun_names_the_budget_the_extra_orders_push_over_and_no_other() -> None:
+    """§7.4 across replicas: use in the view plus orders admitted elsewhere; a limit reached exactly is no overrun,
+    one more unit is, and a total counts every class."""
+    c = cluster(
+        classes=[gpu_class("a10"), gpu_class("h100")],
+        devices=[device("b", count=2, phase="Bound", node_name="n1")],
+        budgets=[budget("cap", limits={"a10": 3}), budget("all", total=4)],
+    )
+    assert overrun(c, [order(1)]) == {}
+    assert list(overrun(c, [order(2)])) == [("t1", "cap")]
+    assert "GPUBudget t1/cap allows 3 units of GPUClass a10, and 4" in overrun(c, [order(2)])[("t1", "cap")]
+    assert list(overrun(c, [order(1), order(2, "h100")])) == [("t1", "all")]
+    assert overrun(c, []) == {} and overrun(c, [order(5, namespace="t2")]) == {}
 
 
 def test_a_parent_budget_covers_matching_namespaces() -> None:

@@ -12,9 +12,9 @@ import pytest
 
 from cozygpu.decisions.budgets import Order
 from cozygpu.kube.adapter import AsyncKube, Conflict
-from cozygpu.runtime.admission.ledger import CONFIG_MAP, NAME, Busy, Ledger
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Denied, Validation
+from cozygpu.runtime.ledger import CONFIG_MAP, NAME, Busy, Ledger
 from tests.support.memkube import MemKube
 from tests.support.views import A10, budget, cluster, device, gpu_class, node
 
@@ -27,8 +27,9 @@ def _replica(kube: MemKube, *, ledger: bool = True) -> Validation:
     reservations, and the cluster's one API."""
     view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
                    budgets=[budget("cap", namespace="t1", limits={"a10": 2})])  # fmt: skip
-    shared = Ledger(cast(AsyncKube, kube), OPS, ttl=30) if ledger else None
-    return Validation(view, Reservations(ttl=30), ledger=shared)
+    reservations = Reservations(ttl=30)
+    shared = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds) if ledger else None
+    return Validation(view, reservations, ledger=shared)
 
 
 async def _create(replica: Validation, name: str, review: str) -> bool:
@@ -92,25 +93,22 @@ def test_an_order_the_view_has_seen_is_counted_once() -> None:
     cap = budget("cap", namespace="t1", limits={"a10": 2})
     view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], budgets=[cap],
                    devices=[device("a", phase="Pending")])  # fmt: skip
-    b = Validation(view, Reservations(ttl=30), ledger=Ledger(cast(AsyncKube, kube), OPS, ttl=30))
+    reservations = Reservations(ttl=30)
+    b = Validation(view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds))
     assert asyncio.run(_create(b, "b", "r2"))
     assert not asyncio.run(_create(b, "c", "r3"))
-
-
-def _never(namespace: str, name: str) -> bool:
-    return False
 
 
 def test_a_ledger_that_never_gets_a_turn_fails_closed() -> None:
     """Every write conflicting (another replica always first): the admission is not admitted, it errs (the API
     server fails closed and the tenant retries)."""
     kube = MemKube()
-    ledger = Ledger(cast(AsyncKube, kube), OPS, ttl=30)
+    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, cluster())
 
     for _ in range(25):
         kube.fail_next(Conflict(409, "Conflict", "someone wrote first"), method="create")
     with pytest.raises(Busy):
-        asyncio.run(ledger.admit(Order("t1", "a10", 1, "GPUDevice x"), "x", _never, _never, lambda others: None))
+        asyncio.run(ledger.admit(Order("t1", "a10", 1, "GPUDevice x"), "x", lambda others: None))
 
 
 def test_a_budget_over_two_namespaces_holds_when_each_replica_admits_in_another() -> None:
@@ -122,7 +120,9 @@ def test_a_budget_over_two_namespaces_holds_when_each_replica_admits_in_another(
         org = budget("org", namespace="t1", limits={"a10": 2}, namespaceSelector={"matchLabels": {"org": "x"}})
         view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], budgets=[org],
                        namespaces={"t1": {"org": "x"}, "t2": {"org": "x"}})  # fmt: skip
-        return Validation(view, Reservations(ttl=30), ledger=Ledger(cast(AsyncKube, kube), OPS, ttl=30))
+        reservations = Reservations(ttl=30)
+        return Validation(view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view,
+                                                             mine=reservations.holds))  # fmt: skip
 
     a, b = replica(), replica()
 

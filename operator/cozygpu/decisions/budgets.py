@@ -6,7 +6,7 @@ one decision at a time, which is the guarantee (§7.4).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cozygpu.api import GPUBudget, GPUDevice
@@ -88,3 +88,35 @@ def check_orders(
             tally = used[(budget.namespace or "", budget.name)]
             tally[order.class_name] = tally.get(order.class_name, 0) + order.count
     return None
+
+
+def overrun(cluster: Cluster, extra: Sequence[Order], namespaces: Iterable[str] = ()) -> dict[tuple[str, str], str]:
+    """Budgets covering `namespaces` or an order of `extra` (orders the view does not count yet) that the view's use
+    plus `extra` exceeds, each with why.
+
+    The binder's second look at orders it has already counted (§7.4 across replicas): what it decided is in the
+    view, and since then other replicas' orders reached the view or only the ledger (`extra`). Only counts, no
+    entitlement: the orders were admitted already, and an overrun is settled by taking back the newest of ours."""
+    tallies: dict[tuple[str, str], tuple[GPUBudget, dict[str, int]]] = {}
+    for namespace in namespaces:
+        for budget in covering_budgets(cluster, namespace):
+            tallies.setdefault((budget.namespace or "", budget.name), (budget, dict(usage(cluster, budget))))
+    for order in extra:
+        for budget in covering_budgets(cluster, order.namespace):
+            key = (budget.namespace or "", budget.name)
+            _, tally = tallies.setdefault(key, (budget, dict(usage(cluster, budget))))
+            tally[order.class_name] = tally.get(order.class_name, 0) + order.count
+    out = {}
+    for (ns, name), (budget, tally) in tallies.items():
+        over = [c for c, n in sorted(tally.items()) if (limit := budget.spec.limits.get(c)) is not None and n > limit]
+        total, used = budget.spec.total, sum(tally.values())
+        if over:
+            allows, use = f"{budget.spec.limits[over[0]]} units of GPUClass {over[0]}", tally[over[0]]
+        elif total is not None and used > total:
+            allows, use = f"{total} units in total", used
+        else:
+            continue
+        out[(ns, name)] = (
+            f"GPUBudget {ns}/{name} allows {allows}, and {use} would be in use with orders admitted elsewhere"
+        )
+    return out

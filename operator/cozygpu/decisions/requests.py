@@ -90,10 +90,15 @@ def assess(
             return fail(f"GPUDevice {d.name} is not attached to VMI {request.vmi}")
 
     # §5.4: new devices are orders; check them again now, serialised with every other decision.
-    orders = [
-        Order(namespace, d.spec.class_name, d.spec.count, f"GPUDevice {d.name}") for d in devices if not counts(d)
-    ]
+    orders = list(new_orders(namespace, devices).values())
     refusal = check_orders(cluster, orders, prior, required=budgets_required)
     if refusal is not None:
         return Answer(request, namespace, devices, NoPlacement(refusal))
     return Answer(request, namespace, devices, place(cluster, devices))
+
+
+def new_orders(namespace: str, devices: Sequence[GPUDevice]) -> dict[str, Order]:
+    """§7.1: the devices of a set that are orders at bind time, by name: those that do not count against budgets
+    yet (template devices; a held device counts from its creation)."""
+    return {d.name: Order(namespace, d.spec.class_name, d.spec.count, f"GPUDevice {d.name}") for d in devices
+            if not counts(d)}  # fmt: skip

@@ -3,7 +3,7 @@
 Held-device creates are admitted one at a time and reserved until the view sees
 them, so two concurrent creates cannot together pass a budget (§7.4); across replicas
 each admission also goes through the namespace's order ledger in the API
-(runtime.admission.ledger), whose resourceVersion serialises them.
+(runtime.ledger), whose resourceVersion serialises them.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import structlog
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice
 from cozygpu.decisions import validation
 from cozygpu.decisions.budgets import Order
-from cozygpu.runtime.admission.ledger import Ledger
 from cozygpu.runtime.admission.reservations import Reservations
+from cozygpu.runtime.ledger import Ledger
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.webhook")
@@ -89,13 +89,6 @@ class Validation:
             return
         self._answer("gpudevice", new or old or {}, problem)
 
-    def _seen(self, namespace: str, name: str) -> bool:
-        return self._cluster.device(namespace, name) is not None
-
-    def _budgeted(self, namespace: str) -> bool:
-        """Whether an order here can exceed anything: a budget covers the namespace (or one is required, §7)."""
-        return self._budgets_required or bool(self._cluster.budgets_covering(namespace))
-
     def _check(self, device: GPUDevice, user: str, key: str) -> Callable[[list[Order]], str | None]:
         """§9.1 for the create, with this replica's other reservations and other replicas' orders as prior orders."""
         return lambda others: validation.device_create(
@@ -114,10 +107,9 @@ class Validation:
         ):
             # The API server would answer AlreadyExists after admission: its order must not count.
             return self._duplicate(device)
-        if key is None or self._ledger is None or not self._budgeted(namespace):
+        if key is None or self._ledger is None or not self._ledger.needed(namespace):
             return None
-        return await self._ledger.admit(order, device.name, self._seen, self._reservations.holds,
-                                        self._check(device, user, key))  # fmt: skip
+        return await self._ledger.admit(order, device.name, self._check(device, user, key))
 
     @staticmethod
     def _duplicate(device: GPUDevice) -> str:

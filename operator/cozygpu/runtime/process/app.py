@@ -31,7 +31,6 @@ from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
 from cozygpu.runtime.admission import webhooks
 from cozygpu.runtime.admission.gate import Gate
 from cozygpu.runtime.admission.guard import ManagedResources
-from cozygpu.runtime.admission.ledger import Ledger
 from cozygpu.runtime.admission.pod_webhook import LauncherAdmission
 from cozygpu.runtime.admission.registration import Registration
 from cozygpu.runtime.admission.reservations import Reservations
@@ -39,6 +38,7 @@ from cozygpu.runtime.admission.validation import Validation
 from cozygpu.runtime.admission.vmi_webhook import VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.events import Recorder
+from cozygpu.runtime.ledger import Ledger
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.process import leadership
 from cozygpu.runtime.process.health import HealthServer
@@ -83,6 +83,17 @@ class Operator:
         self.reservations = Reservations(ttl=settings.webhook_timeout + 10)
         self.events = Recorder(self.kube)
         self.accountant = Accountant(self.cluster, self.writer)
+        # The operator's own namespace: its Lease, the no-bypass policy's parameter (§12.3), the order ledger.
+        self.namespace = leadership.lease_namespace(settings)
+        # Every order under a budget, from any replica's webhook or the leader's binder, meets here (§7.4, §10).
+        self.ledger = Ledger(
+            self.kube,
+            self.namespace,
+            ttl=settings.webhook_timeout + 10,
+            cluster=self.cluster,
+            mine=self.reservations.holds,
+            budgets_required=settings.budgets_required,
+        )
         self.binder = Binder(
             self.cluster,
             self.writer,
@@ -92,6 +103,7 @@ class Operator:
             budgets_required=settings.budgets_required,
             events=self.events,
             metrics=self.metrics,
+            ledger=self.ledger,
         )
         self.collector = Collector(
             self.cluster, self.writer, self.events, grace=settings.grace_period, sweep_interval=settings.sweep_interval
@@ -108,14 +120,12 @@ class Operator:
             events=self.events,
             calls_in_flight=max(2, connections // 8),
         )
-        # The operator's own namespace: its Lease, the no-bypass policy's parameter (§12.3), the order ledgers.
-        self.namespace = leadership.lease_namespace(settings)
         self.validation = Validation(
             self.cluster,
             self.reservations,
             budgets_required=settings.budgets_required,
             exists=self._device_exists,
-            ledger=Ledger(self.kube, self.namespace, ttl=settings.webhook_timeout + 10),
+            ledger=self.ledger,
         )
         self.gate = Gate(
             self.vmis,

@@ -26,7 +26,9 @@ from cozygpu.decisions.placement import NoPlacement, Placement, place
 from cozygpu.decisions.requests import Answer, Wait, assess
 from cozygpu.decisions.waiting import fits_now, in_turn, lost, must_decide, overtakes, to_decide
 from cozygpu.runtime.events import Recorder
+from cozygpu.runtime.ledger import Ledger
 from cozygpu.runtime.metrics import Metrics
+from cozygpu.runtime.workers.orders import Confirmations
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
 
@@ -53,7 +55,9 @@ class Binder:
         budgets_required: bool = False,
         events: Recorder | None = None,
         metrics: Metrics | None = None,
+        ledger: Ledger | None = None,
     ) -> None:
+        """`ledger`: where the binds that add use under a budget are confirmed across replicas (None: one replica)."""
         self._cluster = cluster
         self._writer = writer
         self._incomplete_after = dt.timedelta(seconds=incomplete_after)
@@ -79,6 +83,9 @@ class Binder:
         # client's pool: admissions, the accountant and the collector get the other half.
         self._in_flight = asyncio.Semaphore(max(1, concurrency // 2))
         self._writes: set[asyncio.Task[None]] = set()
+        self._confirmations = (
+            Confirmations(cluster, writer, ledger, reserved, self._gained) if ledger is not None else None
+        )
 
     def poke(self) -> None:
         self._wake.set()
@@ -97,6 +104,11 @@ class Binder:
                 self._asked = True
         self._room |= change.room
         self._served |= change.served
+        self._wake.set()
+
+    def _gained(self, room: frozenset[str]) -> None:
+        """A bind taken back (runtime.workers.orders) left room on its node."""
+        self._room |= room
         self._wake.set()
 
     async def _breathe(self) -> None:
@@ -124,6 +136,8 @@ class Binder:
             for task in writes:
                 task.cancel()
             await asyncio.gather(*writes, return_exceptions=True)
+            if self._confirmations is not None:
+                await self._confirmations.close()
 
     async def step(self) -> bool:
         """One pass over everything undecided; True when a request is still being written."""
@@ -185,16 +199,26 @@ class Binder:
         tokens = [a.token for a in assumptions]
         for assumption in assumptions:
             self._room |= assumption.room  # a gather left room on the nodes it moved devices off
-        self._spawn(self._write_answer(answer, news, tokens, time.monotonic()))
+        orders = self._confirmations.orders_of(answer) if self._confirmations is not None else {}
+        self._spawn(self._write_answer(answer, news, tokens, time.monotonic(), orders))
 
     def _spawn(self, write: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(write)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
-    async def _write_answer(self, answer: Answer, news: list[GPUDevice], tokens: list[int], started: float) -> None:
-        outcome, request = answer.outcome, answer.request
+    async def _write_answer(
+        self,
+        answer: Answer,
+        news: list[GPUDevice],
+        tokens: list[int],
+        started: float,
+        orders: dict[tuple[str, str], Order] | None = None,
+    ) -> None:
         try:
+            if orders and self._confirmations is not None:
+                answer, news, tokens = await self._confirmations.confirmed(answer, news, tokens, orders)
+            outcome, request = answer.outcome, answer.request
             results = await asyncio.gather(
                 *(self._write(new, token=t) for new, t in zip(news, tokens, strict=True)), return_exceptions=True
             )

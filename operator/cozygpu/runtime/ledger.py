@@ -1,0 +1,149 @@
+"""Orders admitted by any replica and not yet counted everywhere, kept in the API: §7.4 across replicas (§10).
+
+Every synced replica admits GPUDevice creates, and the leader's binder admits template orders
+at bind time (§5.4); each process's own counting (reservations, the binder's assumptions) does
+not see another's. So every order under a budget is also written into one ConfigMap in the
+operator's namespace, under the resourceVersion its writer read: two writers on the same
+version cannot both land, and the loser reads again and decides with the winner's order
+counted. One object for every namespace, since a budget's selector can cover several. Called
+by runtime.admission.validation (held creates) and runtime.workers.orders (the binder's).
+
+An entry is counted by a replica until its own view counts the device (§7.2); it leaves the
+ledger at a write once the writer's view counts it and it is SETTLE seconds old (so a replica
+whose watch is a moment behind still finds it), or when it expires.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from cozygpu.api import kinds
+from cozygpu.decisions.budgets import Order
+from cozygpu.kube.adapter import AlreadyExists, AsyncKube, Conflict
+from cozygpu.state.cluster import Cluster
+
+CONFIG_MAP = kinds.kind("ConfigMap")
+NAME = "cozy-gpu-orders"
+# Each attempt reads and writes once; every replica's orders take turns here.
+ATTEMPTS = 20
+# Seconds an entry stays after its writer's view counts it: every replica's watch has it by then.
+SETTLE = 5.0
+
+T = TypeVar("T")
+DeviceKey = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Entry:
+    class_name: str
+    count: int
+    at: float  # wall-clock seconds when written: every replica reads the same entries
+    expires: float
+
+
+class Busy(Exception):
+    """Every attempt lost to another replica's write: the order is not admitted (fail closed), and is retried."""
+
+
+class Ledger:
+    def __init__(
+        self,
+        kube: AsyncKube,
+        namespace: str,
+        ttl: float,
+        cluster: Cluster,
+        *,
+        mine: Callable[[str, str], bool] = lambda namespace, name: False,
+        budgets_required: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`mine`: orders this process counts already though its view does not (its reservations); what its
+        binder decided and has not written yet (assumed in the view) it counts too."""
+        self._kube, self._namespace, self._ttl, self._clock = kube, namespace, ttl, clock
+        self._cluster, self._mine, self._budgets_required = cluster, mine, budgets_required
+
+    def needed(self, namespace: str) -> bool:
+        """Whether an order there can exceed anything: a budget covers the namespace (or one is required, §7)."""
+        return self._budgets_required or bool(self._cluster.budgets_covering(namespace))
+
+    async def admit(self, order: Order, name: str, check: Callable[[list[Order]], str | None]) -> str | None:
+        """One held create: `check` the order with the others' orders; if it passes, record it. The refusal, if any."""
+
+        def decide(others: list[Order]) -> tuple[str | None, dict[DeviceKey, Order]]:
+            problem = check(others)
+            return problem, {} if problem is not None else {(order.namespace, name): order}
+
+        return await self.record(decide)
+
+    async def record(self, decide: Callable[[list[Order]], tuple[T, Mapping[DeviceKey, Order]]]) -> T:
+        """`decide` on the orders other writers recorded that this process counts nowhere yet; record the orders it
+        returns under the version read (nothing written when there are none). Raises Busy when every attempt lost."""
+        for _ in range(ATTEMPTS):
+            body = await self._kube.get_or_none(CONFIG_MAP, NAME, self._namespace)
+            now = self._clock()
+            live, others = {}, []
+            for key, entry in _entries(body).items():
+                ns, name = _split(key)
+                counted = self._counted(ns, name)
+                if entry.expires <= now or (counted and now - entry.at >= SETTLE):
+                    continue
+                live[key] = entry
+                if not counted and not self._cluster.assumed(ns, name) and not self._mine(ns, name):
+                    others.append(Order(ns, entry.class_name, entry.count, f"GPUDevice {name}"))
+            result, new = decide(others)
+            if not new:
+                return result
+            for (ns, name), order in new.items():
+                live[_key(ns, name)] = Entry(order.class_name, order.count, now, now + self._ttl)
+            try:
+                await self._write(body, live)
+                return result
+            except (Conflict, AlreadyExists):
+                continue  # another writer landed first: read its orders and decide again
+        raise Busy("the order ledger is busy; try again")
+
+    def _counted(self, namespace: str, name: str) -> bool:
+        """The view counts the device against budgets (§7.2) on the API's word, not on a decision in flight."""
+        device = self._cluster.device(namespace, name)
+        return device is not None and device.in_use and not self._cluster.assumed(namespace, name)
+
+    async def _write(self, body: dict[str, Any] | None, entries: dict[str, Entry]) -> None:
+        data = {
+            k: json.dumps({"class": e.class_name, "count": e.count, "at": e.at, "expires": e.expires})
+            for k, e in entries.items()
+        }
+        meta: dict[str, Any] = {"name": NAME, "namespace": self._namespace}
+        if body is None:
+            await self._kube.create(
+                CONFIG_MAP, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+            )
+        else:
+            meta["resourceVersion"] = body["metadata"]["resourceVersion"]
+            await self._kube.replace(
+                CONFIG_MAP, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+            )
+
+
+def _key(namespace: str, name: str) -> str:
+    return f"{namespace}.{name}"  # a ConfigMap key ([-._a-zA-Z0-9]); namespaces hold no dot, so it splits back
+
+
+def _split(key: str) -> tuple[str, str]:
+    namespace, _, name = key.partition(".")
+    return namespace, name
+
+
+def _entries(body: dict[str, Any] | None) -> dict[str, Entry]:
+    out = {}
+    for name, raw in ((body or {}).get("data") or {}).items():
+        try:
+            value = json.loads(raw)
+            expires = float(value["expires"])
+            out[name] = Entry(str(value["class"]), int(value["count"]), float(value.get("at", expires)), expires)
+        except (ValueError, KeyError, TypeError):
+            continue  # not ours to read: skipped, and dropped at the next write
+    return out

@@ -1,0 +1,146 @@
+"""The binder's template orders through the order ledger (§5.4, §7.4 across replicas, §10).
+
+A template device is an order at bind time, and the binder's check (decisions.requests) sees
+this process's reservations but not the held creates another replica admitted a moment ago.
+So a bind that adds use in a namespace under a budget is counted in the view at once, as every
+decision is (§13.1), and is confirmed in the ledger before its answer is written: the ledger
+shows the orders other replicas admitted meanwhile; if with them a budget is overrun, the
+newest of these binds are taken back (refused instead) until it is not, and the rest are
+recorded, so a replica admitting after them counts them. The binds of one moment share one
+ledger write (group commit): the binder never waits a round trip per bind. Called by
+runtime.workers.binder only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from cozygpu.api import GPUBudget, GPUDevice
+from cozygpu.decisions import transitions
+from cozygpu.decisions.budgets import Order, covering_budgets, overrun
+from cozygpu.decisions.placement import NoPlacement, Placement
+from cozygpu.decisions.requests import Answer, new_orders
+from cozygpu.runtime.ledger import Ledger
+from cozygpu.runtime.writes import Writer
+from cozygpu.state.cluster import Cluster
+
+log = structlog.get_logger("cozygpu.binder")
+
+
+@dataclass(eq=False)
+class _Bind:
+    namespace: str
+    orders: dict[tuple[str, str], Order]  # by device
+    take_back: Callable[[str], None]  # refuse the bind instead, in the view at once (called synchronously)
+    done: asyncio.Future[str | None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Confirmations:
+    def __init__(
+        self,
+        cluster: Cluster,
+        writer: Writer,
+        ledger: Ledger,
+        reserved: Callable[[], Sequence[Order]],
+        gained: Callable[[frozenset[str]], None],
+    ) -> None:
+        """`reserved`: this process's held orders not yet in the view; `gained`: a bind taken back left room."""
+        self._cluster, self._writer, self._ledger, self._reserved, self._gained = (
+            cluster,
+            writer,
+            ledger,
+            reserved,
+            gained,
+        )
+        self._queue: list[_Bind] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def orders_of(self, answer: Answer) -> dict[tuple[str, str], Order]:
+        """The orders of a placement that another replica's admissions may not know of (none for a refusal)."""
+        if not isinstance(answer.outcome, Placement) or not self._ledger.needed(answer.namespace):
+            return {}
+        return {(answer.namespace, n): o for n, o in new_orders(answer.namespace, answer.devices).items()}
+
+    async def confirmed(
+        self, answer: Answer, news: list[GPUDevice], tokens: list[int], orders: dict[tuple[str, str], Order]
+    ) -> tuple[Answer, list[GPUDevice], list[int]]:
+        """The answer to write once its orders are in the ledger (with its devices and assumption tokens): this
+        one, or a refusal if it was taken back."""
+        taken: list[tuple[Answer, list[GPUDevice], list[int]]] = []
+
+        def take_back(why: str) -> None:
+            # In the view at once, as any decision: the units go back to the node and the budgets.
+            refused = [transitions.refused(d, answer.request.id, why) for d in answer.devices]
+            assumptions = [self._writer.assume(new) for new in refused]
+            self._gained(frozenset().union(*(a.room for a in assumptions)))
+            refusal = Answer(answer.request, answer.namespace, answer.devices, NoPlacement(why))
+            taken.append((refusal, refused, [a.token for a in assumptions]))
+
+        await self.confirm(answer.namespace, orders, take_back)
+        return taken[-1] if taken else (answer, news, tokens)
+
+    async def confirm(
+        self, namespace: str, orders: dict[tuple[str, str], Order], take_back: Callable[[str], None]
+    ) -> str | None:
+        """Wait until the bind's orders are in the ledger (None), or it was taken back (why: `take_back` was
+        called with it before anything else could decide)."""
+        bind = _Bind(namespace, orders, take_back)
+        self._queue.append(bind)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        return await asyncio.shield(bind.done)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                await self._ledger.record(functools.partial(self._decide, batch))
+            except asyncio.CancelledError:
+                for bind in batch:
+                    bind.done.cancel()  # the binder stopped: its writes are cancelled with it
+                raise
+            except Exception as e:  # the ledger could not be written: not confirmed is not admitted (fail closed)
+                log.warning("binder.ledger_failed", error=str(e), binds=len(batch))
+                self._fail(batch, f"the order could not be recorded ({e}); try again")
+            for bind in batch:
+                if not bind.done.done():
+                    bind.done.set_result(None)
+
+    def _decide(self, batch: list[_Bind], others: list[Order]) -> tuple[None, dict[tuple[str, str], Order]]:
+        """Take back the newest binds of the batch under an overrun budget until none is; record the rest."""
+        extra = [*others, *self._reserved()]
+        live = [b for b in batch if not b.done.done()]
+        while live and (over := overrun(self._cluster, extra, {b.namespace for b in live})):
+            victims = [b for b in live if any(_key(g) in over for g in covering_budgets(self._cluster, b.namespace))]
+            if not victims:
+                break  # over without any of these binds: nothing of ours to take back
+            victim = victims[-1]
+            why = next(over[k] for g in covering_budgets(self._cluster, victim.namespace) if (k := _key(g)) in over)
+            self._take_back(victim, why)
+            live.remove(victim)
+        return None, {k: o for b in live for k, o in b.orders.items()}
+
+    def _take_back(self, bind: _Bind, why: str) -> None:
+        bind.take_back(why)
+        bind.done.set_result(why)
+
+    def _fail(self, batch: list[_Bind], why: str) -> None:
+        for bind in batch:
+            if not bind.done.done():
+                self._take_back(bind, why)
+
+
+def _key(budget: GPUBudget) -> tuple[str, str]:
+    return (budget.namespace or "", budget.name)
