@@ -6,6 +6,8 @@ On a local control plane with the operator (`cozygpu run --dev`, its own identit
 - the floor: the same chain of API calls an admission makes, without the operator,
   on ConfigMaps (two fresh reads, two creates, two status writes for attach + request,
   two for the binder's answer, then the object itself), at the same concurrency;
+- the same stream in a namespace under a GPUBudget (generous: nothing is refused), beside the stream
+  without one: what the order ledger costs a bind (§7.4 across replicas, runtime/workers/orders.py);
 - a burst of `--burst` creates at once: admitted, refused, timed out (bind timeout).
 Prints each figure beside its peer and the ratio; asserts nothing.
 Run: `make bench` (or `python bench/admission.py --rounds 5`).
@@ -93,7 +95,10 @@ def main() -> None:
     args = p.parse_args()
     with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
         kube = plane.kube()
-        fill(kube, args.nodes, ("floor", "ours", "burst"))
+        fill(kube, args.nodes, ("floor", "ours", "budgeted", "burst"))
+        kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
+                                       "metadata": {"name": "generous", "namespace": "budgeted"},
+                                       "spec": {"limits": {"bench": 1_000_000}}})  # fmt: skip
         clients = [plane.kube() for _ in range(max(args.concurrency, 1))]
         count = args.concurrency * args.rounds
         floor = latencies(clients, lambda k, name: chain_of_writes(k, name, "floor"), count)
@@ -103,10 +108,13 @@ def main() -> None:
         try:
             wait_for("nodes accounted", lambda: len(kube.list(kinds.GPU_NODE)) == args.nodes, timeout=60)
             ours = latencies(clients, lambda k, name: created(k, name, "ours"), count)
-            for vmi in kube.list(kinds.VMI, "ours"):
-                kube.delete(kinds.VMI, vmi["metadata"]["name"], "ours")
-            # The burst gets the whole cluster: the collector frees the first phase's units (§6.2).
-            wait_for("units freed", lambda: not kube.list(kinds.GPU_DEVICE, "ours"), timeout=120)
+            budgeted = latencies(clients, lambda k, name: created(k, name, "budgeted"), count)
+            for ns in ("ours", "budgeted"):
+                for vmi in kube.list(kinds.VMI, ns):
+                    kube.delete(kinds.VMI, vmi["metadata"]["name"], ns)
+            # The burst gets the whole cluster: the collector frees the first phases' units (§6.2).
+            wait_for("units freed", lambda: not any(kube.list(kinds.GPU_DEVICE, ns) for ns in ("ours", "budgeted")),
+                     timeout=120)  # fmt: skip
             burst = [plane.kube() for _ in range(args.burst)]
             outcomes = latencies(burst, lambda k, name: outcome(k, name, "burst"), args.burst)
         finally:
@@ -115,6 +123,9 @@ def main() -> None:
     print(f"{'':<28}{'operator':>13}{'floor':>15}{'ratio':>11}")
     row("p50", statistics.median(ours), statistics.median(floor))
     row("p99", pct(ours, 0.99), pct(floor, 0.99))
+    print(f"{'':<28}{'budgeted':>13}{'no budget':>15}{'ratio':>11}")
+    row("p50 under a GPUBudget", statistics.median(budgeted), statistics.median(ours))
+    row("p99 under a GPUBudget", pct(budgeted, 0.99), pct(ours, 0.99))
     tally = {k: RESULTS.count(k) for k in ("admitted", "refused", "timed out", "error")}
     print(f"burst of {args.burst} creates at once: " + ", ".join(f"{v} {k}" for k, v in tally.items())
           + f"; slowest {max(outcomes) * 1e3:.0f} ms")  # fmt: skip
