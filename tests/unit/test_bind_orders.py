@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 from typing import Any, cast
 
 from cozygpu.api import kinds
@@ -167,8 +168,41 @@ def test_an_entry_stays_until_every_replica_has_had_time_to_see_it() -> None:
         return sorted((kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {})
 
     assert record("a") == ["t1.a"]
+    clock[0] += 2 * SETTLE  # a slow create: the entry is old before any view counts its device
     View(view).apply(kinds.GPU_DEVICE, device("a"))  # this writer's view counts a now
+    assert record("b") == ["t1.a", "t1.b"]  # kept: counted only now (it went at once when timed from its write)
     clock[0] += SETTLE / 2
-    assert record("b") == ["t1.a", "t1.b"]
-    clock[0] += SETTLE
-    assert record("c") == ["t1.b", "t1.c"]
+    assert record("c") == ["t1.a", "t1.b", "t1.c"]
+    clock[0] += SETTLE / 2
+    assert record("d") == ["t1.b", "t1.c", "t1.d"]
+
+
+def test_a_ledger_key_stays_a_valid_configmap_key_however_long_the_name() -> None:
+    """§14: a name of 253 characters in a long namespace would make a key the API server refuses (at most 253),
+    failing every write with it, other tenants' orders in the same write too; its key is a digest instead."""
+    kube = MemKube()
+    long_ns, long_name = "n" * 63, "d" * 253
+    view = cluster(classes=[gpu_class("a10")], budgets=[budget("cap", namespace=long_ns, limits={"a10": 8})])
+    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view)
+    asyncio.run(ledger.admit(Order(long_ns, "a10", 1, long_name), long_name, lambda others: None))
+    asyncio.run(ledger.admit(Order(NS, "a10", 1, "short"), "short", lambda others: None))
+    data = (kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}
+    assert len(data) == 2 and all(len(k) <= 253 and re.fullmatch(r"[-._a-zA-Z0-9]+", k) for k in data), list(data)
+    assert "t1.short" in data
+
+
+def test_an_order_whose_device_this_view_saw_go_counts_no_more() -> None:
+    """A bind or create recorded, its device counted, then deleted (a VMI gone, a leader killed before its answer):
+    a replica that saw the deletion counts the entry no more, rather than until it expires (which refused the next
+    VMI after a leader's kill in the replicas test)."""
+    kube = MemKube()
+    b = _replica(kube)
+    assert _held(b, "h1") and _held(b, "h2")
+    c = _replica(kube)
+    cluster_of_c = c._cluster  # the replica's own view, fed as its watch would
+    for name in ("h1", "h2"):
+        body = device(name)
+        body["metadata"]["resourceVersion"] = "1000000"
+        View(cluster_of_c).apply(kinds.GPU_DEVICE, body)
+        View(cluster_of_c).forget(kinds.GPU_DEVICE, NS, name, "1000001")
+    assert [_held(c, "h3"), _held(c, "h4"), _held(c, "h5")] == [True, True, False]

@@ -103,7 +103,9 @@ def test_an_overrun_names_the_budget_the_extra_orders_push_over_and_no_other() -
     )
     assert overrun(c, [order(1)]) == {}
     assert list(overrun(c, [order(2)])) == [("t1", "cap")]
-    assert "GPUBudget t1/cap allows 3 units of GPUClass a10, and 4" in overrun(c, [order(2)])[("t1", "cap")]
+    assert "GPUBudget t1/cap allows 3 units of GPUClass a10, and 4" in overrun(c, [order(2)])[("t1", "cap")].why
+    assert overrun(c, [order(2)])[("t1", "cap")].fed_by([order(1)])
+    assert not overrun(c, [order(2)])[("t1", "cap")].fed_by([order(1, "h100")])  # another class gives no way
     assert list(overrun(c, [order(1), order(2, "h100")])) == [("t1", "all")]
     assert overrun(c, []) == {} and overrun(c, [order(5, namespace="t2")]) == {}
 

@@ -76,7 +76,7 @@ def test_a_replica_that_loses_the_write_checks_again_with_the_winners_order() ->
         # Another replica's admission of b lands between a's read and a's write.
         stored = kube.stored(CONFIG_MAP, NAME, OPS)
         assert stored is not None
-        entry = json.dumps({"class": "a10", "count": 1, "expires": time.time() + 30})
+        entry = json.dumps({"namespace": "t1", "name": "b", "class": "a10", "count": 1, "expires": time.time() + 30})
         kube.change(CONFIG_MAP, {**stored, "data": {**stored["data"], "t1.b": entry}})
 
     kube.before_next("replace", meanwhile)

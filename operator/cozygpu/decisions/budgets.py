@@ -90,9 +90,18 @@ def check_orders(
     return None
 
 
-def overrun(cluster: Cluster, extra: Sequence[Order], namespaces: Iterable[str] = ()) -> dict[tuple[str, str], str]:
+@dataclass(frozen=True)
+class Overrun:
+    why: str
+    classes: frozenset[str] | None  # the classes over their limits; None: the total is over, every class adds to it
+
+    def fed_by(self, orders: Iterable[Order]) -> bool:
+        return any(self.classes is None or o.class_name in self.classes for o in orders)
+
+
+def overrun(cluster: Cluster, extra: Sequence[Order], namespaces: Iterable[str] = ()) -> dict[tuple[str, str], Overrun]:
     """Budgets covering `namespaces` or an order of `extra` (orders the view does not count yet) that the view's use
-    plus `extra` exceeds, each with why.
+    plus `extra` exceeds, each with why and by which classes.
 
     The binder's second look at orders it has already counted (§7.4 across replicas): what it decided is in the
     view, and since then other replicas' orders reached the view or only the ledger (`extra`). Only counts, no
@@ -106,17 +115,17 @@ def overrun(cluster: Cluster, extra: Sequence[Order], namespaces: Iterable[str] 
             key = (budget.namespace or "", budget.name)
             _, tally = tallies.setdefault(key, (budget, dict(usage(cluster, budget))))
             tally[order.class_name] = tally.get(order.class_name, 0) + order.count
-    out = {}
+    out: dict[tuple[str, str], Overrun] = {}
     for (ns, name), (budget, tally) in tallies.items():
         over = [c for c, n in sorted(tally.items()) if (limit := budget.spec.limits.get(c)) is not None and n > limit]
         total, used = budget.spec.total, sum(tally.values())
+        classes: frozenset[str] | None = frozenset(over)
         if over:
             allows, use = f"{budget.spec.limits[over[0]]} units of GPUClass {over[0]}", tally[over[0]]
         elif total is not None and used > total:
-            allows, use = f"{total} units in total", used
+            allows, use, classes = f"{total} units in total", used, None
         else:
             continue
-        out[(ns, name)] = (
-            f"GPUBudget {ns}/{name} allows {allows}, and {use} would be in use with orders admitted elsewhere"
-        )
+        why = f"GPUBudget {ns}/{name} allows {allows}, and {use} would be in use with orders admitted elsewhere"
+        out[(ns, name)] = Overrun(why, classes)
     return out

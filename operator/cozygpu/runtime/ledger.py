@@ -8,13 +8,15 @@ version cannot both land, and the loser reads again and decides with the winner'
 counted. One object for every namespace, since a budget's selector can cover several. Called
 by runtime.admission.validation (held creates) and runtime.workers.orders (the binder's).
 
-An entry is counted by a replica until its own view counts the device (§7.2); it leaves the
-ledger at a write once the writer's view counts it and it is SETTLE seconds old (so a replica
-whose watch is a moment behind still finds it), or when it expires.
+An entry is counted by a replica until its own view counts the device (§7.2). The first writer
+whose view counts it marks when; it leaves the ledger at a write SETTLE seconds after that (so a
+replica whose watch is a moment behind still finds it), or when it expires.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -25,6 +27,7 @@ from cozygpu.api import kinds
 from cozygpu.decisions.budgets import Order
 from cozygpu.kube.adapter import AlreadyExists, AsyncKube, Conflict
 from cozygpu.state.cluster import Cluster
+from cozygpu.state.tombstones import version
 
 CONFIG_MAP = kinds.kind("ConfigMap")
 NAME = "cozy-gpu-orders"
@@ -39,10 +42,13 @@ DeviceKey = tuple[str, str]
 
 @dataclass(frozen=True)
 class Entry:
+    namespace: str
+    name: str
     class_name: str
     count: int
-    at: float  # wall-clock seconds when written: every replica reads the same entries
-    expires: float
+    expires: float  # wall-clock seconds: every replica reads the same entries
+    since: int = 0  # the ledger's version its writer read: a removal of the device after it ends the order
+    counted: float | None = None  # when a writer's view first counted the device
 
 
 class Busy(Exception):
@@ -87,18 +93,22 @@ class Ledger:
             now = self._clock()
             live, others = {}, []
             for key, entry in _entries(body).items():
-                ns, name = _split(key)
+                ns, name = entry.namespace, entry.name
                 counted = self._counted(ns, name)
-                if entry.expires <= now or (counted and now - entry.at >= SETTLE):
+                if entry.expires <= now or (counted and entry.counted is not None and now - entry.counted >= SETTLE):
                     continue
-                live[key] = entry
+                removed = self._cluster.device_removed_at(ns, name)
+                if removed is not None and removed > entry.since:
+                    continue  # this view saw the device go after the order was written: it uses nothing now
+                live[key] = dataclasses.replace(entry, counted=now) if counted and entry.counted is None else entry
                 if not counted and not self._cluster.assumed(ns, name) and not self._mine(ns, name):
                     others.append(Order(ns, entry.class_name, entry.count, f"GPUDevice {name}"))
             result, new = decide(others)
             if not new:
                 return result
+            since = version((body or {}).get("metadata", {}).get("resourceVersion"))
             for (ns, name), order in new.items():
-                live[_key(ns, name)] = Entry(order.class_name, order.count, now, now + self._ttl)
+                live[_key(ns, name)] = Entry(ns, name, order.class_name, order.count, now + self._ttl, since)
             try:
                 await self._write(body, live)
                 return result
@@ -112,10 +122,9 @@ class Ledger:
         return device is not None and device.in_use and not self._cluster.assumed(namespace, name)
 
     async def _write(self, body: dict[str, Any] | None, entries: dict[str, Entry]) -> None:
-        data = {
-            k: json.dumps({"class": e.class_name, "count": e.count, "at": e.at, "expires": e.expires})
-            for k, e in entries.items()
-        }
+        data = {k: json.dumps({"namespace": e.namespace, "name": e.name, "class": e.class_name, "count": e.count,
+                               "expires": e.expires, "since": e.since, "counted": e.counted})
+                for k, e in entries.items()}  # fmt: skip
         meta: dict[str, Any] = {"name": NAME, "namespace": self._namespace}
         if body is None:
             await self._kube.create(
@@ -129,21 +138,20 @@ class Ledger:
 
 
 def _key(namespace: str, name: str) -> str:
-    return f"{namespace}.{name}"  # a ConfigMap key ([-._a-zA-Z0-9]); namespaces hold no dot, so it splits back
-
-
-def _split(key: str) -> tuple[str, str]:
-    namespace, _, name = key.partition(".")
-    return namespace, name
+    """A ConfigMap key ([-._a-zA-Z0-9], at most 253): the readable `namespace.name` while it fits, a digest past that
+    (a name may be 253 long; one over-long key would fail every write, other tenants' orders with it)."""
+    key = f"{namespace}.{name}"
+    return key if len(key) <= 253 else "sha256." + hashlib.sha256(key.encode()).hexdigest()
 
 
 def _entries(body: dict[str, Any] | None) -> dict[str, Entry]:
     out = {}
-    for name, raw in ((body or {}).get("data") or {}).items():
+    for key, raw in ((body or {}).get("data") or {}).items():
         try:
-            value = json.loads(raw)
-            expires = float(value["expires"])
-            out[name] = Entry(str(value["class"]), int(value["count"]), float(value.get("at", expires)), expires)
-        except (ValueError, KeyError, TypeError):
+            v = json.loads(raw)
+            counted = None if v.get("counted") is None else float(v["counted"])
+            out[key] = Entry(str(v["namespace"]), str(v["name"]), str(v["class"]), int(v["count"]), float(v["expires"]),
+                             int(v.get("since", 0)), counted)  # fmt: skip
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue  # not ours to read: skipped, and dropped at the next write
     return out

@@ -129,6 +129,9 @@ class Devices:
     def device(self, namespace: str, name: str) -> GPUDevice | None:
         return self.store.get((namespace, name))
 
+    def removed_at(self, namespace: str, name: str) -> int | None:
+        return self.store.removed_at((namespace, name))
+
     def arrival(self, namespace: str, name: str) -> int:
         return self._arrival.get((namespace, name), 0)
 

@@ -35,6 +35,10 @@ class Tombstones:
         while len(self._versions) > self._limit:
             self._versions.popitem(last=False)
 
+    def at(self, key: Hashable) -> int | None:
+        """The version the key was removed at, while remembered."""
+        return self._versions.get(key)
+
     def stale(self, key: Hashable, resource_version: str | None) -> bool:
         """True for a version no newer than the removal; a newer one is a new object and lifts the stone."""
         buried = self._versions.get(key)

@@ -108,12 +108,14 @@ class Confirmations:
             try:
                 await self._ledger.record(functools.partial(self._decide, batch))
             except asyncio.CancelledError:
-                for bind in batch:
+                for bind in [*batch, *self._queue]:
                     bind.done.cancel()  # the binder stopped: its writes are cancelled with it
+                self._queue = []
                 raise
             except Exception as e:  # the ledger could not be written: not confirmed is not admitted (fail closed)
                 log.warning("binder.ledger_failed", error=str(e), binds=len(batch))
-                self._fail(batch, f"the order could not be recorded ({e}); try again")
+                # The API's words may name other tenants' orders: the tenant is told only what happened.
+                self._fail(batch, "the order could not be recorded in the order ledger; try again")
             for bind in batch:
                 if not bind.done.done():
                     bind.done.set_result(None)
@@ -123,11 +125,12 @@ class Confirmations:
         extra = [*others, *self._reserved()]
         live = [b for b in batch if not b.done.done()]
         while live and (over := overrun(self._cluster, extra, {b.namespace for b in live})):
-            victims = [b for b in live if any(_key(g) in over for g in covering_budgets(self._cluster, b.namespace))]
-            if not victims:
+            # A bind gives way only to an overrun its own orders feed (a lowered limit of another class is not its).
+            fed = [(b, o) for b in live for g in covering_budgets(self._cluster, b.namespace)
+                   if (o := over.get(_key(g))) is not None and o.fed_by(b.orders.values())]  # fmt: skip
+            if not fed:
                 break  # over without any of these binds: nothing of ours to take back
-            victim = victims[-1]
-            why = next(over[k] for g in covering_budgets(self._cluster, victim.namespace) if (k := _key(g)) in over)
+            victim, why = fed[-1][0], next(o.why for b, o in fed if b is fed[-1][0])
             self._take_back(victim, why)
             live.remove(victim)
         return None, {k: o for b in live for k, o in b.orders.items()}
