@@ -51,13 +51,8 @@ class Confirmations:
         gained: Callable[[frozenset[str]], None],
     ) -> None:
         """`reserved`: this process's held orders not yet in the view; `gained`: a bind taken back left room."""
-        self._cluster, self._writer, self._ledger, self._reserved, self._gained = (
-            cluster,
-            writer,
-            ledger,
-            reserved,
-            gained,
-        )
+        self._cluster, self._writer, self._ledger = cluster, writer, ledger
+        self._reserved, self._gained = reserved, gained
         self._queue: list[_Bind] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -130,8 +125,8 @@ class Confirmations:
                    if (o := over.get(_key(g))) is not None and o.fed_by(b.orders.values())]  # fmt: skip
             if not fed:
                 break  # over without any of these binds: nothing of ours to take back
-            victim, why = fed[-1][0], next(o.why for b, o in fed if b is fed[-1][0])
-            self._take_back(victim, why)
+            victim = fed[-1][0]  # the newest; named by the first overrun it feeds
+            self._take_back(victim, next(o.why for b, o in fed if b is victim))
             live.remove(victim)
         return None, {k: o for b in live for k, o in b.orders.items()}
 
