@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube import credentials
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support.bodies import gpu_class_body, gpu_device_body, unique
 from tests.support.nodes import Gpu, GPUNodeFactory
@@ -71,6 +74,28 @@ def test_concurrent_held_device_creates_cannot_together_pass_a_budget(
         codes = list(pool.map(create, range(6)))
     assert sorted(codes) == [201] * 3 + [403] * 3
     assert len(kube.list(kinds.GPU_DEVICE, namespace)) == 3
+
+
+def test_the_order_ledger_names_each_admitted_device_by_its_uid(
+    admitting: OperatorProcess,
+    kube: Kube,
+    namespace: str,
+    gpu: Gpu,
+    gpu_node: GPUNodeFactory,
+    operator_kubeconfig: Path,
+) -> None:
+    """§7.4, §14: the API server's review of a create carries the new object's uid, and the ledger records it, so
+    a device deleted and made again under the same name is another order (a name alone was taken for the old one)."""
+    gpu_node({gpu.resource: 8}, name=f"n-{gpu.cls}")
+    kube.create(kinds.GPU_BUDGET, budget_body("cap", namespace, {gpu.cls: 8}))
+    budget_seen(kube, namespace, "cap")
+    created = kube.create(kinds.GPU_DEVICE, gpu_device_body("x", namespace, gpu.cls))
+    ledger = kube.get(
+        kinds.kind("ConfigMap"), "cozy-gpu-orders", credentials.from_kubeconfig(operator_kubeconfig).namespace
+    )
+    entries = [json.loads(v) for v in ledger["data"].values()]
+    assert [e["uid"] for e in entries if (e["namespace"], e["name"]) == (namespace, "x")] == [
+        created["metadata"]["uid"]]  # fmt: skip
 
 
 def test_only_the_operator_creates_or_relabels_template_devices(

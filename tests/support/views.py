@@ -62,6 +62,7 @@ def device(
     template: bool = False,
     created: int = 0,
     status: dict[str, Any] | None = None,
+    uid: str | None = None,
 ) -> dict[str, Any]:
     st: dict[str, Any] = dict(status or {})
     if phase:
@@ -74,6 +75,7 @@ def device(
         "metadata": {
             "name": name,
             "namespace": namespace,
+            "uid": uid or f"uid-{namespace}-{name}",  # one device per name unless a test makes another
             "resourceVersion": rv(),
             "creationTimestamp": (EPOCH + dt.timedelta(seconds=created)).isoformat(),
             "labels": {LABEL_TEMPLATE_DEVICE: "true"} if template else {},

@@ -164,7 +164,7 @@ def test_an_entry_stays_until_every_replica_has_had_time_to_see_it() -> None:
     ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view, clock=lambda: clock[0])
 
     def record(name: str) -> list[str]:
-        asyncio.run(ledger.admit(Order(NS, "a10", 1, name), name, lambda others: None))
+        asyncio.run(ledger.admit(Order(NS, "a10", 1, name), name, f"uid-{NS}-{name}", lambda others: None))
         return sorted((kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {})
 
     assert record("a") == ["t1.a"]
@@ -184,8 +184,8 @@ def test_a_ledger_key_stays_a_valid_configmap_key_however_long_the_name() -> Non
     long_ns, long_name = "n" * 63, "d" * 253
     view = cluster(classes=[gpu_class("a10")], budgets=[budget("cap", namespace=long_ns, limits={"a10": 8})])
     ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view)
-    asyncio.run(ledger.admit(Order(long_ns, "a10", 1, long_name), long_name, lambda others: None))
-    asyncio.run(ledger.admit(Order(NS, "a10", 1, "short"), "short", lambda others: None))
+    asyncio.run(ledger.admit(Order(long_ns, "a10", 1, long_name), long_name, "u1", lambda others: None))
+    asyncio.run(ledger.admit(Order(NS, "a10", 1, "short"), "short", "u2", lambda others: None))
     data = (kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}
     assert len(data) == 2 and all(len(k) <= 253 and re.fullmatch(r"[-._a-zA-Z0-9]+", k) for k in data), list(data)
     assert "t1.short" in data

@@ -10,11 +10,13 @@ from typing import Any, cast
 
 import pytest
 
+from cozygpu.api import kinds
 from cozygpu.decisions.budgets import Order
 from cozygpu.kube.adapter import AsyncKube, Conflict
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Denied, Validation
 from cozygpu.runtime.ledger import CONFIG_MAP, NAME, Busy, Ledger
+from cozygpu.runtime.view import View
 from tests.support.memkube import MemKube
 from tests.support.views import A10, budget, cluster, device, gpu_class, node
 
@@ -108,7 +110,7 @@ def test_a_ledger_that_never_gets_a_turn_fails_closed() -> None:
     for _ in range(25):
         kube.fail_next(Conflict(409, "Conflict", "someone wrote first"), method="create")
     with pytest.raises(Busy):
-        asyncio.run(ledger.admit(Order("t1", "a10", 1, "GPUDevice x"), "x", lambda others: None))
+        asyncio.run(ledger.admit(Order("t1", "a10", 1, "GPUDevice x"), "x", "u1", lambda others: None))
 
 
 def test_a_budget_over_two_namespaces_holds_when_each_replica_admits_in_another() -> None:
@@ -143,3 +145,46 @@ async def _create_in(replica: Validation, namespace: str, name: str, review: str
     except Denied:
         return False
     return True
+
+
+def _replica_of(kube: MemKube, limit: int) -> tuple[Validation, View]:
+    """A replica with a budget of `limit` A10 units in t1, and its view to feed as its watch would."""
+    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
+                   budgets=[budget("cap", namespace="t1", limits={"a10": limit})])  # fmt: skip
+    reservations = Reservations(ttl=30)
+    return Validation(view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view,
+                                                         mine=reservations.holds)), View(view)  # fmt: skip
+
+
+async def _create_as(replica: Validation, name: str, count: int, uid: str) -> bool:
+    try:
+        await replica.device("CREATE", device(name, count=count, uid=uid), None, USER, False, review=f"r-{uid}")
+    except Denied:
+        return False
+    return True
+
+
+def test_a_name_made_again_with_more_units_is_counted_at_its_new_size() -> None:
+    """§14: a tenant deletes held x (1 unit) and makes x again with 3 on one replica; another replica whose view
+    still has the old x must not take the new order for the old device (it admitted 1 + 2 more against 5 so)."""
+    kube = MemKube()
+    b, _ = _replica_of(kube, 5)
+    c, c_view = _replica_of(kube, 5)
+    c_view.apply(kinds.GPU_DEVICE, device("x", count=1, uid="old"))  # its watch has not delivered the delete yet
+    assert asyncio.run(_create_as(b, "x", 3, "new"))
+    assert asyncio.run(_create_as(c, "y", 1, "y"))  # 3 + 1, and the old x's 1 until its delete arrives: 5
+    assert not asyncio.run(_create_as(c, "z", 2, "z"))
+
+
+def test_the_removal_of_a_names_old_device_does_not_end_the_new_ones_order() -> None:
+    """§14: a replica that saw the old x go (at a version newer than the ledger it was recorded on) still counts the
+    order for the new x, which its view has not seen yet (it dropped the order as the old device's so)."""
+    kube = MemKube()
+    b, _ = _replica_of(kube, 4)
+    assert asyncio.run(_create_as(b, "x", 3, "new"))
+    c, c_view = _replica_of(kube, 4)
+    old = device("x", count=1, uid="old")
+    old["metadata"]["resourceVersion"] = "1000000"
+    c_view.apply(kinds.GPU_DEVICE, old)
+    c_view.forget(kinds.GPU_DEVICE, "t1", "x", "1000001")
+    assert not asyncio.run(_create_as(c, "y", 2, "y"))  # 3 + 2 against 4

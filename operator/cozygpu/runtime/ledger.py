@@ -8,9 +8,10 @@ version cannot both land, and the loser reads again and decides with the winner'
 counted. One object for every namespace, since a budget's selector can cover several. Called
 by runtime.admission.validation (held creates) and runtime.workers.orders (the binder's).
 
-An entry is counted by a replica until its own view counts the device (§7.2). The first writer
-whose view counts it marks when; it leaves the ledger at a write SETTLE seconds after that (so a
-replica whose watch is a moment behind still finds it), or when it expires.
+An entry is counted by a replica until its own view counts the device (§7.2): the device of the
+entry's uid, since a name is free again the moment its device goes. The first writer whose view
+counts it marks when; it leaves the ledger at a write SETTLE seconds after that (so a replica
+whose watch is a moment behind still finds it), when a view saw that device go, or when it expires.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from cozygpu.api import kinds
 from cozygpu.decisions.budgets import Order
 from cozygpu.kube.adapter import AlreadyExists, AsyncKube, Conflict
 from cozygpu.state.cluster import Cluster
-from cozygpu.state.tombstones import version
 
 CONFIG_MAP = kinds.kind("ConfigMap")
 NAME = "cozy-gpu-orders"
@@ -37,7 +37,7 @@ ATTEMPTS = 20
 SETTLE = 5.0
 
 T = TypeVar("T")
-DeviceKey = tuple[str, str]
+Claim = tuple[str, str, str]  # the device an order is for: namespace, name, uid
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Entry:
     class_name: str
     count: int
     expires: float  # wall-clock seconds: every replica reads the same entries
-    since: int = 0  # the ledger's version its writer read: a removal of the device after it ends the order
+    uid: str = ""  # the device's: another device of the same name is another order
     counted: float | None = None  # when a writer's view first counted the device
 
 
@@ -76,16 +76,16 @@ class Ledger:
         """Whether an order there can exceed anything: a budget covers the namespace (or one is required, §7)."""
         return self._budgets_required or bool(self._cluster.budgets_covering(namespace))
 
-    async def admit(self, order: Order, name: str, check: Callable[[list[Order]], str | None]) -> str | None:
+    async def admit(self, order: Order, name: str, uid: str, check: Callable[[list[Order]], str | None]) -> str | None:
         """One held create: `check` the order with the others' orders; if it passes, record it. The refusal, if any."""
 
-        def decide(others: list[Order]) -> tuple[str | None, dict[DeviceKey, Order]]:
+        def decide(others: list[Order]) -> tuple[str | None, dict[Claim, Order]]:
             problem = check(others)
-            return problem, {} if problem is not None else {(order.namespace, name): order}
+            return problem, {} if problem is not None else {(order.namespace, name, uid): order}
 
         return await self.record(decide)
 
-    async def record(self, decide: Callable[[list[Order]], tuple[T, Mapping[DeviceKey, Order]]]) -> T:
+    async def record(self, decide: Callable[[list[Order]], tuple[T, Mapping[Claim, Order]]]) -> T:
         """`decide` on the orders other writers recorded that this process counts nowhere yet; record the orders it
         returns under the version read (nothing written when there are none). Raises Busy when every attempt lost."""
         for _ in range(ATTEMPTS):
@@ -94,21 +94,19 @@ class Ledger:
             live, others = {}, []
             for key, entry in _entries(body).items():
                 ns, name = entry.namespace, entry.name
-                counted = self._counted(ns, name)
+                counted = self._counted(entry)
                 if entry.expires <= now or (counted and entry.counted is not None and now - entry.counted >= SETTLE):
                     continue
-                removed = self._cluster.device_removed_at(ns, name)
-                if removed is not None and removed > entry.since:
-                    continue  # this view saw the device go after the order was written: it uses nothing now
+                if entry.uid and self._cluster.device_removed(entry.uid):
+                    continue  # this view saw the device go: the order uses nothing now
                 live[key] = dataclasses.replace(entry, counted=now) if counted and entry.counted is None else entry
                 if not counted and not self._cluster.assumed(ns, name) and not self._mine(ns, name):
                     others.append(Order(ns, entry.class_name, entry.count, f"GPUDevice {name}"))
             result, new = decide(others)
             if not new:
                 return result
-            since = version((body or {}).get("metadata", {}).get("resourceVersion"))
-            for (ns, name), order in new.items():
-                live[_key(ns, name)] = Entry(ns, name, order.class_name, order.count, now + self._ttl, since)
+            for (ns, name, uid), order in new.items():
+                live[_key(ns, name)] = Entry(ns, name, order.class_name, order.count, now + self._ttl, uid)
             try:
                 await self._write(body, live)
                 return result
@@ -116,14 +114,17 @@ class Ledger:
                 continue  # another writer landed first: read its orders and decide again
         raise Busy("the order ledger is busy; try again")
 
-    def _counted(self, namespace: str, name: str) -> bool:
-        """The view counts the device against budgets (§7.2) on the API's word, not on a decision in flight."""
-        device = self._cluster.device(namespace, name)
-        return device is not None and device.in_use and not self._cluster.assumed(namespace, name)
+    def _counted(self, entry: Entry) -> bool:
+        """The view counts the entry's device against budgets (§7.2) on the API's word, not on a decision in flight;
+        a device of the same name and another uid is not it (deleted and made again, perhaps with more units)."""
+        device = self._cluster.device(entry.namespace, entry.name)
+        if device is None or (entry.uid and device.metadata.uid != entry.uid):
+            return False
+        return device.in_use and not self._cluster.assumed(entry.namespace, entry.name)
 
     async def _write(self, body: dict[str, Any] | None, entries: dict[str, Entry]) -> None:
         data = {k: json.dumps({"namespace": e.namespace, "name": e.name, "class": e.class_name, "count": e.count,
-                               "expires": e.expires, "since": e.since, "counted": e.counted})
+                               "expires": e.expires, "uid": e.uid, "counted": e.counted})
                 for k, e in entries.items()}  # fmt: skip
         meta: dict[str, Any] = {"name": NAME, "namespace": self._namespace}
         if body is None:
@@ -151,7 +152,7 @@ def _entries(body: dict[str, Any] | None) -> dict[str, Entry]:
             v = json.loads(raw)
             counted = None if v.get("counted") is None else float(v["counted"])
             out[key] = Entry(str(v["namespace"]), str(v["name"]), str(v["class"]), int(v["count"]), float(v["expires"]),
-                             int(v.get("since", 0)), counted)  # fmt: skip
+                             str(v.get("uid") or ""), counted)  # fmt: skip
         except (ValueError, KeyError, TypeError, AttributeError):
             continue  # not ours to read: skipped, and dropped at the next write
     return out

@@ -89,8 +89,8 @@ class Cluster:
         self.namespaces, self.kubevirts, self.vmis = self._namespaces.items, self._kubevirts.items, self._vmis.uids
         self.serving = self._capacity.serving
         d = self._devices
-        self.device, self.device_removed_at, self.arrival, self.turn, self.devices_on, self.devices_in = (
-            d.device, d.removed_at, d.arrival, d.turn, d.devices_on, d.devices_in,
+        self.device, self.device_removed, self.arrival, self.turn, self.devices_on, self.devices_in = (
+            d.device, d.removed, d.arrival, d.turn, d.devices_on, d.devices_in,
         )  # fmt: skip
         self.devices_of_request, self.attached_to, self.devices_of_class = (
             d.devices_of_request, d.attached_to, d.devices_of_class,

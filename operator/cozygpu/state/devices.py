@@ -18,7 +18,7 @@ from typing import Any
 
 from cozygpu.api import GPUDevice
 from cozygpu.state.store import Store, writes
-from cozygpu.state.tombstones import DEFAULT_LIMIT
+from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 DeviceKey = tuple[str, str]  # (namespace, name)
 Turn = tuple[dt.datetime, int, str, str]  # §5.5: creation, first sight, namespace, name
@@ -36,6 +36,8 @@ def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
 class Devices:
     def __init__(self, tombstones: int = DEFAULT_LIMIT) -> None:
         self.store: Store[DeviceKey, GPUDevice] = Store(tombstones)
+        # Removed devices by uid: a name can be taken again at once, a uid never (the order ledger's question).
+        self._gone_uids = Tombstones(tombstones)
         self._by_node: dict[str, set[DeviceKey]] = defaultdict(set)
         self._by_namespace: dict[str, set[DeviceKey]] = defaultdict(set)
         self._by_request: dict[str, set[DeviceKey]] = defaultdict(set)
@@ -73,6 +75,8 @@ class Devices:
         self._arrival.pop(key, None)
         if old is not None:
             self._unindex(key, old)
+            if old.metadata.uid:
+                self._gone_uids.bury(old.metadata.uid, version(removal))
         return old
 
     def _index(self, key: DeviceKey, device: GPUDevice) -> None:
@@ -129,8 +133,9 @@ class Devices:
     def device(self, namespace: str, name: str) -> GPUDevice | None:
         return self.store.get((namespace, name))
 
-    def removed_at(self, namespace: str, name: str) -> int | None:
-        return self.store.removed_at((namespace, name))
+    def removed(self, uid: str) -> bool:
+        """Whether this view saw the device of that uid go (while remembered)."""
+        return self._gone_uids.at(uid) is not None
 
     def arrival(self, namespace: str, name: str) -> int:
         return self._arrival.get((namespace, name), 0)

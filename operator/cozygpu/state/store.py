@@ -74,10 +74,6 @@ class Store(Generic[K, V]):
     def version(self, key: K) -> int | None:
         return self._versions.get(key)
 
-    def removed_at(self, key: K) -> int | None:
-        """The version the key's object was removed at, if it is gone and remembered."""
-        return None if key in self._items else self._gone.at(key)
-
     def missing(self, listed: Iterable[K], list_version: str | None) -> list[K]:
         """Keys held here that a list at `list_version` lacks, stored at a version no newer: removed while no watch
         event could say so (a start-up race between two lists, a watch gap). What is newer arrived after the list."""

@@ -4,7 +4,8 @@ The operator feeds the responses of its writes into the view at once (a decision
 before its watch event arrives). A response can land after the object's DELETED event:
 removing the last finalizer deletes the object in the same update, for one. Without a
 memory of the removal that response would put a ghost in the view, and a ghost Bound
-device would hold its node's units until a restart. Used by `cluster.Cluster` only.
+device would hold its node's units until a restart. Used by `state.store`, `state.pods` and
+`state.devices` (removed devices by uid, for the order ledger).
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ class Validation:
             return self._duplicate(device)
         if key is None or self._ledger is None or not self._ledger.needed(namespace):
             return None
-        return await self._ledger.admit(order, device.name, self._check(device, user, key))
+        return await self._ledger.admit(order, device.name, device.metadata.uid or "", self._check(device, user, key))
 
     @staticmethod
     def _duplicate(device: GPUDevice) -> str:

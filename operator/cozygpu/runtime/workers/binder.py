@@ -26,7 +26,7 @@ from cozygpu.decisions.placement import NoPlacement, Placement, place
 from cozygpu.decisions.requests import Answer, Wait, assess
 from cozygpu.decisions.waiting import fits_now, in_turn, lost, must_decide, overtakes, to_decide
 from cozygpu.runtime.events import Recorder
-from cozygpu.runtime.ledger import Ledger
+from cozygpu.runtime.ledger import Claim, Ledger
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.workers.orders import Confirmations
 from cozygpu.runtime.writes import Writer
@@ -213,7 +213,7 @@ class Binder:
         news: list[GPUDevice],
         tokens: list[int],
         started: float,
-        orders: dict[tuple[str, str], Order] | None = None,
+        orders: dict[Claim, Order] | None = None,
     ) -> None:
         try:
             if orders and self._confirmations is not None:

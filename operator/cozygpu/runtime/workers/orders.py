@@ -26,7 +26,7 @@ from cozygpu.decisions import transitions
 from cozygpu.decisions.budgets import Order, covering_budgets, overrun
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.decisions.requests import Answer, new_orders
-from cozygpu.runtime.ledger import Ledger
+from cozygpu.runtime.ledger import Claim, Ledger
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
 
@@ -36,7 +36,7 @@ log = structlog.get_logger("cozygpu.binder")
 @dataclass(eq=False)
 class _Bind:
     namespace: str
-    orders: dict[tuple[str, str], Order]  # by device
+    orders: dict[Claim, Order]  # by device
     take_back: Callable[[str], None]  # refuse the bind instead, in the view at once (called synchronously)
     done: asyncio.Future[str | None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
@@ -56,14 +56,15 @@ class Confirmations:
         self._queue: list[_Bind] = []
         self._task: asyncio.Task[None] | None = None
 
-    def orders_of(self, answer: Answer) -> dict[tuple[str, str], Order]:
+    def orders_of(self, answer: Answer) -> dict[Claim, Order]:
         """The orders of a placement that another replica's admissions may not know of (none for a refusal)."""
         if not isinstance(answer.outcome, Placement) or not self._ledger.needed(answer.namespace):
             return {}
-        return {(answer.namespace, n): o for n, o in new_orders(answer.namespace, answer.devices).items()}
+        uids = {d.name: d.metadata.uid or "" for d in answer.devices}
+        return {(answer.namespace, n, uids[n]): o for n, o in new_orders(answer.namespace, answer.devices).items()}
 
     async def confirmed(
-        self, answer: Answer, news: list[GPUDevice], tokens: list[int], orders: dict[tuple[str, str], Order]
+        self, answer: Answer, news: list[GPUDevice], tokens: list[int], orders: dict[Claim, Order]
     ) -> tuple[Answer, list[GPUDevice], list[int]]:
         """The answer to write once its orders are in the ledger (with its devices and assumption tokens): this
         one, or a refusal if it was taken back."""
@@ -80,9 +81,7 @@ class Confirmations:
         await self.confirm(answer.namespace, orders, take_back)
         return taken[-1] if taken else (answer, news, tokens)
 
-    async def confirm(
-        self, namespace: str, orders: dict[tuple[str, str], Order], take_back: Callable[[str], None]
-    ) -> str | None:
+    async def confirm(self, namespace: str, orders: dict[Claim, Order], take_back: Callable[[str], None]) -> str | None:
         """Wait until the bind's orders are in the ledger (None), or it was taken back (why: `take_back` was
         called with it before anything else could decide)."""
         bind = _Bind(namespace, orders, take_back)
@@ -115,7 +114,7 @@ class Confirmations:
                 if not bind.done.done():
                     bind.done.set_result(None)
 
-    def _decide(self, batch: list[_Bind], others: list[Order]) -> tuple[None, dict[tuple[str, str], Order]]:
+    def _decide(self, batch: list[_Bind], others: list[Order]) -> tuple[None, dict[Claim, Order]]:
         """Take back the newest binds of the batch under an overrun budget until none is; record the rest."""
         extra = [*others, *self._reserved()]
         live = [b for b in batch if not b.done.done()]
