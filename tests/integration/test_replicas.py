@@ -56,20 +56,6 @@ def _gpus(vmi: dict[str, Any]) -> list[str]:
     return [g["name"] for g in (vmi.get("spec") or {}).get("domain", {}).get("devices", {}).get("gpus") or []]
 
 
-def _serving(kube: Kube, namespace: str, gpu: Gpu, group: Replicas) -> None:
-    """Register at the balancer and wait until the API server calls it: a dry-run VMI comes back with its GPU."""
-    group.register(kube)
-
-    def called() -> bool:
-        try:
-            body = kube.create(kinds.VMI, vmi_body(unique("probe"), namespace, _template(gpu.cls)), dry_run=True)
-        except ApiError:
-            return False
-        return _gpus(body) == [gpu_entry_name(0, 0)]
-
-    wait_for("the API server to call the replicas", called, timeout=20)
-
-
 def _admitted(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if not e.get("dry_run")]
 
@@ -115,7 +101,7 @@ def test_a_standby_answers_admissions_while_the_leader_binds(
     for _ in range(3):
         replicas.start()
     leader = replicas.leader(kube)
-    _serving(kube, namespace, gpu, replicas)
+    replicas.serving(kube, namespace, gpu.cls)
 
     created: list[str] = []
     failed: list[str] = []
@@ -165,7 +151,7 @@ def test_kill_9_of_the_leader_during_a_burst_leaves_nothing_broken(
     for _ in range(3):
         replicas.start()
     leader = replicas.leader(kube)
-    _serving(kube, namespace, gpu, replicas)
+    replicas.serving(kube, namespace, gpu.cls)
 
     outcomes: dict[str, dict[str, Any] | str] = {}
 
@@ -226,7 +212,7 @@ def test_a_rolling_upgrade_under_a_stream_of_creates_fails_no_admission(
         gpu_node({gpu.resource: 128}, name=f"roll-{n}-{gpu.cls}")
     originals = [replicas.start() for _ in range(2)]
     replicas.leader(kube)
-    _serving(kube, namespace, gpu, replicas)
+    replicas.serving(kube, namespace, gpu.cls)
 
     created: list[str] = []
     failed: list[str] = []
@@ -280,7 +266,7 @@ def test_a_budget_raced_across_replicas_is_never_exceeded(
     for _ in range(count):
         replicas.start()
     replicas.leader(kube)
-    _serving(kube, namespace, gpu, replicas)
+    replicas.serving(kube, namespace, gpu.cls)
 
     def in_use() -> tuple[int, list[str]]:
         """Units of admitted orders (§7.4), and which devices: held devices not being deleted, and template devices

@@ -20,11 +20,13 @@ from pathlib import Path
 
 from cozygpu import tls
 from cozygpu.api import kinds
+from cozygpu.api.names import gpu_entry_name
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.devcluster.ports import free_port
-from cozygpu.kube.adapter import Kube
+from cozygpu.kube.adapter import ApiError, Kube
 from cozygpu.runtime.admission import webhooks
+from tests.support.bodies import unique, vmi_body
 from tests.support.operators import start_operator, unregister_webhooks
 
 HOST = "127.0.0.1"
@@ -188,6 +190,21 @@ class Replicas:
                                               identity.USERNAME):  # fmt: skip
             kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
             kube.create(kind, config)
+
+    def serving(self, kube: Kube, namespace: str, class_name: str) -> None:
+        """Register at the balancer and wait until the API server calls it: a dry-run VMI comes back with its GPU."""
+        self.register(kube)
+        refs = [{"deviceTemplate": {"className": class_name, "count": 1}}]
+
+        def called() -> bool:
+            try:
+                body = kube.create(kinds.VMI, vmi_body(unique("probe"), namespace, refs), dry_run=True)
+            except ApiError:
+                return False
+            gpus = (body.get("spec") or {}).get("domain", {}).get("devices", {}).get("gpus") or []
+            return [g["name"] for g in gpus] == [gpu_entry_name(0, 0)]
+
+        wait_for("the API server to call the replicas", called, timeout=20)
 
     def close(self, kube: Kube) -> None:
         for replica in list(self.live):
