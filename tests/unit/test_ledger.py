@@ -188,3 +188,55 @@ def test_the_removal_of_a_names_old_device_does_not_end_the_new_ones_order() -> 
     c_view.apply(kinds.GPU_DEVICE, old)
     c_view.forget(kinds.GPU_DEVICE, "t1", "x", "1000001")
     assert not asyncio.run(_create_as(c, "y", 2, "y"))  # 3 + 2 against 4
+
+
+class _Distant:
+    """The API a round trip away: every call yields to the loop first, so concurrent admissions interleave."""
+
+    def __init__(self, kube: MemKube) -> None:
+        self._kube = kube
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._kube, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(0)
+            return await method(*args, **kwargs)
+
+        return call
+
+
+def test_a_tenants_burst_of_creates_does_not_queue_another_tenants_create_behind_it() -> None:
+    """§14: 40 held creates of one tenant at once and one of another, on one replica: the other's is confirmed in
+    the first ledger writes, with the burst's orders, not after one ledger round trip per create of the burst
+    ahead of it (20 before it, under the one lock every held create took across its ledger write)."""
+    kube = MemKube()
+    view = cluster(nodes=[node("n1", {A10: 64})], classes=[gpu_class("a10")],
+                   budgets=[budget("big", namespace="t1", limits={"a10": 64}),
+                            budget("cap", namespace="t2", limits={"a10": 1})])  # fmt: skip
+    reservations = Reservations(ttl=30)
+    replica = Validation(view, reservations, ledger=Ledger(cast(AsyncKube, _Distant(kube)), OPS, 30, view,
+                                                            mine=reservations.holds))  # fmt: skip
+
+    def ledger_writes() -> int:
+        return sum(1 for method, kind, _ in kube.calls if kind == "ConfigMap" and method in ("create", "replace"))
+
+    writes_before_answer: list[int] = []
+
+    async def create(namespace: str, name: str) -> bool:
+        try:
+            await replica.device("CREATE", device(name, namespace=namespace), None, USER, False, review=name)
+        except Denied:
+            return False
+        finally:
+            if namespace == "t2":
+                writes_before_answer.append(ledger_writes())
+        return True
+
+    async def run() -> list[bool]:
+        burst = [create("t1", f"d{i}") for i in range(40)]
+        return await asyncio.gather(*burst[:20], create("t2", "other"), *burst[20:])
+
+    assert asyncio.run(run()) == [True] * 41
+    assert writes_before_answer[0] <= 2, f"the other tenant's create waited for {writes_before_answer[0]} writes"
+    assert len((kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}) == 41

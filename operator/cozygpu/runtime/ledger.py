@@ -8,6 +8,11 @@ version cannot both land, and the loser reads again and decides with the winner'
 counted. One object for every namespace, since a budget's selector can cover several. Called
 by runtime.admission.validation (held creates) and runtime.workers.orders (the binder's).
 
+A process writes the ledger one write at a time: the orders of one moment, from every tenant and
+from the binder, share one read and one write (group commit), so a tenant's burst of creates
+costs one turn per moment, not one per create, and cannot make another tenant's order lose
+every turn to it (§14). Only other replicas' writes contend.
+
 An entry is counted by a replica until its own view counts the device (§7.2): the device of the
 entry's uid, since a name is free again the moment its device goes. The first writer whose view
 counts it marks when; it leaves the ledger at a write SETTLE seconds after that (so a replica
@@ -16,6 +21,8 @@ whose watch is a moment behind still finds it), when a view saw that device go, 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -55,6 +62,15 @@ class Busy(Exception):
     """Every attempt lost to another replica's write: the order is not admitted (fail closed), and is retried."""
 
 
+Decide = Callable[[list[Order]], tuple[T, Mapping[Claim, Order]]]
+
+
+@dataclass(eq=False)
+class _Turn:
+    decide: Decide[Any]
+    done: asyncio.Future[Any]
+
+
 class Ledger:
     def __init__(
         self,
@@ -71,6 +87,8 @@ class Ledger:
         binder decided and has not written yet (assumed in the view) it counts too."""
         self._kube, self._namespace, self._ttl, self._clock = kube, namespace, ttl, clock
         self._cluster, self._mine, self._budgets_required = cluster, mine, budgets_required
+        self._queue: list[_Turn] = []
+        self._task: asyncio.Task[None] | None = None
 
     def needed(self, namespace: str) -> bool:
         """Whether an order there can exceed anything: a budget covers the namespace (or one is required, §7)."""
@@ -85,9 +103,41 @@ class Ledger:
 
         return await self.record(decide)
 
-    async def record(self, decide: Callable[[list[Order]], tuple[T, Mapping[Claim, Order]]]) -> T:
-        """`decide` on the orders other writers recorded that this process counts nowhere yet; record the orders it
-        returns under the version read (nothing written when there are none). Raises Busy when every attempt lost."""
+    async def record(self, decide: Decide[T]) -> T:
+        """`decide` on the orders other writers recorded that this process counts nowhere yet; its orders are
+        recorded under the version read, in one write with the other decisions of the moment (nothing written when
+        there are none). `decide` may run again, on a newer read, if another replica wrote first. Raises Busy when
+        every attempt lost."""
+        turn = _Turn(decide, asyncio.get_running_loop().create_future())
+        self._queue.append(turn)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run())
+        result: T = await turn.done  # a caller that gives up before its moment's read is left out of it
+        return result
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while self._queue:
+            batch, self._queue = self._queue, []
+            try:
+                await self._commit(batch)
+            except asyncio.CancelledError:
+                for turn in [*batch, *self._queue]:
+                    turn.done.cancel()
+                self._queue = []
+                raise
+            except Exception as e:  # Busy, or the API's failure: each caller fails closed with it
+                for turn in batch:
+                    if not turn.done.done():
+                        turn.done.set_exception(e)
+
+    async def _commit(self, batch: list[_Turn]) -> None:
+        """Decide every turn on one read and write their orders at once; each turn's outcome is set once written."""
         for _ in range(ATTEMPTS):
             body = await self._kube.get_or_none(CONFIG_MAP, NAME, self._namespace)
             now = self._clock()
@@ -102,16 +152,32 @@ class Ledger:
                 live[key] = dataclasses.replace(entry, counted=now) if counted and entry.counted is None else entry
                 if not counted and not self._cluster.assumed(ns, name) and not self._mine(ns, name):
                     others.append(Order(ns, entry.class_name, entry.count, f"GPUDevice {name}"))
-            result, new = decide(others)
-            if not new:
-                return result
+            # The decisions of one process need not see each other here: its reservations and view count them.
+            outcomes: list[tuple[_Turn, Any, BaseException | None]] = []
+            new: dict[Claim, Order] = {}
+            for turn in (t for t in batch if not t.done.done()):  # a caller that gave up is left out
+                try:
+                    result, orders = turn.decide(others)
+                except Exception as e:  # one caller's failure is its own, not the moment's
+                    outcomes.append((turn, None, e))
+                    continue
+                outcomes.append((turn, result, None))
+                new.update(orders)
             for (ns, name, uid), order in new.items():
                 live[_key(ns, name)] = Entry(ns, name, order.class_name, order.count, now + self._ttl, uid)
             try:
-                await self._write(body, live)
-                return result
+                if new:
+                    await self._write(body, live)
             except (Conflict, AlreadyExists):
-                continue  # another writer landed first: read its orders and decide again
+                continue  # another replica landed first: read its orders and decide again
+            for turn, result, error in outcomes:
+                if turn.done.done():
+                    continue
+                if error is not None:
+                    turn.done.set_exception(error)
+                else:
+                    turn.done.set_result(result)
+            return
         raise Busy("the order ledger is busy; try again")
 
     def _counted(self, entry: Entry) -> bool:

@@ -1,7 +1,7 @@
-"""Orders admitted but not yet seen in the view (§7.4), and the lock that serialises them.
+"""Orders admitted but not yet seen in the view (§7.4).
 
-The GPUDevice webhook admits held devices one at a time under `lock`, recording each
-as a reservation until its watch event arrives (or it expires, when a later webhook
+The GPUDevice webhook checks a held device and reserves it with no await between, recording
+each as a reservation until its watch event arrives (or it expires, when a later webhook
 refused the create). Both the webhook and the binder count reservations as prior
 orders, so no interleaving lets orders together exceed a budget. A create of a name
 reserved or present is refused before it reserves (§14): a duplicate that the API server
@@ -10,7 +10,6 @@ would turn away after admission never replaces a reservation nor leaves one behi
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import time
 from dataclasses import dataclass
@@ -31,7 +30,6 @@ class Reservations:
     orders only add up; and by name, for the duplicate check and for the view's sighting."""
 
     def __init__(self, ttl: float) -> None:
-        self.lock = asyncio.Lock()
         self._ttl = ttl
         self._items: dict[str, _Reservation] = {}
         self._by_name: dict[tuple[str, str], set[str]] = {}

@@ -60,27 +60,28 @@ class Validation:
         if operation == "CREATE" and new is not None:
             device = GPUDevice.from_wire(new)
             namespace, held = device.namespace or "", not device.carries_template_label
-            async with self._reservations.lock:  # one held-device order at a time (§7.4)
-                problem = validation.device_create(
-                    self._cluster,
-                    device,
-                    user,
-                    self.operator_user,
-                    self._reservations.orders(),
-                    budgets_required=self._budgets_required,
-                )
-                if problem is None and held and self._reservations.holds(namespace, device.name):
-                    problem = self._duplicate(device)
-                order = Order(namespace, device.spec.class_name, device.spec.count, device.name)
-                key = None
-                if problem is None and held and not dry_run:
-                    # Reserved before any await: the binder decides on this event loop meanwhile, and must count it.
-                    key = self._reservations.add(namespace, device.name, order, review=review)
-                try:
-                    problem = problem or await self._confirm(device, user, order, key)
-                finally:
-                    if key is not None and problem is not None:
-                        self._reservations.cancel(key)
+            # Checked and reserved with no await between (§7.4): a create admitted meanwhile counts this one, and
+            # its confirmation below (a name's read, the ledger) waits on no other tenant's (§14).
+            problem = validation.device_create(
+                self._cluster,
+                device,
+                user,
+                self.operator_user,
+                self._reservations.orders(),
+                budgets_required=self._budgets_required,
+            )
+            if problem is None and held and self._reservations.holds(namespace, device.name):
+                problem = self._duplicate(device)
+            order = Order(namespace, device.spec.class_name, device.spec.count, device.name)
+            key = None
+            if problem is None and held and not dry_run:
+                # Reserved before any await: the binder decides on this event loop meanwhile, and must count it.
+                key = self._reservations.add(namespace, device.name, order, review=review)
+            try:
+                problem = problem or await self._confirm(device, user, order, key)
+            finally:
+                if key is not None and problem is not None:
+                    self._reservations.cancel(key)
         elif operation == "UPDATE" and new is not None and old is not None:
             problem = validation.device_update(
                 GPUDevice.from_wire(old), GPUDevice.from_wire(new), user, self.operator_user

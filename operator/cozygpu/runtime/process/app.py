@@ -86,14 +86,8 @@ class Operator:
         # The operator's own namespace: its Lease, the no-bypass policy's parameter (§12.3), the order ledger.
         self.namespace = leadership.lease_namespace(settings)
         # Every order under a budget, from any replica's webhook or the leader's binder, meets here (§7.4, §10).
-        self.ledger = Ledger(
-            self.kube,
-            self.namespace,
-            ttl=settings.webhook_timeout + 10,
-            cluster=self.cluster,
-            mine=self.reservations.holds,
-            budgets_required=settings.budgets_required,
-        )
+        self.ledger = Ledger(self.kube, self.namespace, ttl=settings.webhook_timeout + 10, cluster=self.cluster,
+                             mine=self.reservations.holds, budgets_required=settings.budgets_required)  # fmt: skip
         self.binder = Binder(
             self.cluster,
             self.writer,
@@ -371,6 +365,7 @@ class Operator:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.ledger.close()
         await self.events.close()
         if self.leadership is not None:
             await self.leadership.release()
