@@ -45,7 +45,9 @@ def _replica(kube: MemKube) -> Validation:
     view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
                    budgets=[budget("cap", namespace=NS, limits={"a10": LIMIT})])  # fmt: skip
     reservations = Reservations(ttl=30)
-    return Validation(view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds))
+    return Validation(
+        view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device)
+    )
 
 
 def _held(replica: Validation, name: str) -> bool:

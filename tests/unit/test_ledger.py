@@ -12,7 +12,7 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.decisions.budgets import Order
-from cozygpu.kube.adapter import AsyncKube, Conflict
+from cozygpu.kube.adapter import ApiError, AsyncKube, Conflict
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Denied, Validation
 from cozygpu.runtime.ledger import CONFIG_MAP, NAME, Busy, Ledger
@@ -30,7 +30,7 @@ def _replica(kube: MemKube, *, ledger: bool = True) -> Validation:
     view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
                    budgets=[budget("cap", namespace="t1", limits={"a10": 2})])  # fmt: skip
     reservations = Reservations(ttl=30)
-    shared = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds) if ledger else None
+    shared = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device) if ledger else None
     return Validation(view, reservations, ledger=shared)
 
 
@@ -96,7 +96,9 @@ def test_an_order_the_view_has_seen_is_counted_once() -> None:
     view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], budgets=[cap],
                    devices=[device("a", phase="Pending")])  # fmt: skip
     reservations = Reservations(ttl=30)
-    b = Validation(view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds))
+    b = Validation(
+        view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device)
+    )
     assert asyncio.run(_create(b, "b", "r2"))
     assert not asyncio.run(_create(b, "c", "r3"))
 
@@ -124,7 +126,7 @@ def test_a_budget_over_two_namespaces_holds_when_each_replica_admits_in_another(
                        namespaces={"t1": {"org": "x"}, "t2": {"org": "x"}})  # fmt: skip
         reservations = Reservations(ttl=30)
         return Validation(view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view,
-                                                             mine=reservations.holds))  # fmt: skip
+                                                             mine=reservations.holds_device))  # fmt: skip
 
     a, b = replica(), replica()
 
@@ -153,7 +155,7 @@ def _replica_of(kube: MemKube, limit: int) -> tuple[Validation, View]:
                    budgets=[budget("cap", namespace="t1", limits={"a10": limit})])  # fmt: skip
     reservations = Reservations(ttl=30)
     return Validation(view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view,
-                                                         mine=reservations.holds)), View(view)  # fmt: skip
+                                                         mine=reservations.holds_device)), View(view)  # fmt: skip
 
 
 async def _create_as(replica: Validation, name: str, count: int, uid: str) -> bool:
@@ -216,7 +218,7 @@ def test_a_tenants_burst_of_creates_does_not_queue_another_tenants_create_behind
                             budget("cap", namespace="t2", limits={"a10": 1})])  # fmt: skip
     reservations = Reservations(ttl=30)
     replica = Validation(view, reservations, ledger=Ledger(cast(AsyncKube, _Distant(kube)), OPS, 30, view,
-                                                            mine=reservations.holds))  # fmt: skip
+                                                            mine=reservations.holds_device))  # fmt: skip
 
     def ledger_writes() -> int:
         return sum(1 for method, kind, _ in kube.calls if kind == "ConfigMap" and method in ("create", "replace"))
@@ -240,3 +242,83 @@ def test_a_tenants_burst_of_creates_does_not_queue_another_tenants_create_behind
     assert asyncio.run(run()) == [True] * 41
     assert writes_before_answer[0] <= 2, f"the other tenant's create waited for {writes_before_answer[0]} writes"
     assert len((kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}) == 41
+
+
+def _two_tenants(kube: MemKube) -> Validation:
+    view = cluster(nodes=[node("n1", {A10: 64})], classes=[gpu_class("a10")],
+                   budgets=[budget("big", namespace="t1", limits={"a10": 64}),
+                            budget("cap", namespace="t2", limits={"a10": 1})])  # fmt: skip
+    reservations = Reservations(ttl=30)
+    return Validation(view, reservations, ledger=Ledger(cast(AsyncKube, _Distant(kube)), OPS, 30, view,
+                                                         mine=reservations.holds_device))  # fmt: skip
+
+
+async def _outcome(replica: Validation, namespace: str, name: str) -> str:
+    try:
+        await replica.device("CREATE", device(name, namespace=namespace), None, USER, False, review=name)
+    except Denied as e:
+        return f"denied: {e}"
+    except Exception:
+        return "error"
+    return "admitted"
+
+
+def test_a_failed_ledger_write_leaves_no_reservation_behind() -> None:
+    """§14: a write of a moment fails (a 500): every create in it errs, and none keeps its reservation, so the
+    other tenant's retry is admitted (it was refused for the reservation of its own failed create until it
+    expired, once creates shared a write)."""
+    kube = MemKube()
+    replica = _two_tenants(kube)
+    kube.fail_next(ApiError(500, "InternalError", "etcd is unhappy"), method="create")
+
+    async def run() -> list[str]:
+        first = await asyncio.gather(_outcome(replica, "t1", "a"), _outcome(replica, "t2", "b"))
+        return [*first, await _outcome(replica, "t2", "c")]
+
+    assert asyncio.run(run()) == ["error", "error", "admitted"]
+
+
+def test_a_moment_of_many_orders_lets_the_event_loop_serve_others() -> None:
+    """§14.3: a burst's moment decides its orders in turns, yielding to the loop, so other tenants' admissions,
+    the binder and the watches run meanwhile (the loop was blocked for the whole moment)."""
+    kube = MemKube()
+    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, cluster(classes=[gpu_class("a10")]))
+    log: list[str] = []
+
+    def decide(i: int) -> Any:
+        def run(others: list[Order]) -> tuple[None, dict[Any, Order]]:
+            log.append("decide")
+            return None, {("t1", f"d{i}", f"u{i}"): Order("t1", "a10", 1, f"d{i}")}
+
+        return run
+
+    async def run() -> None:
+        ticking = True
+
+        async def ticker() -> None:
+            while ticking:
+                log.append("tick")
+                await asyncio.sleep(0)
+
+        tick = asyncio.create_task(ticker())
+        await asyncio.gather(*[ledger.record(decide(i)) for i in range(64)])
+        ticking = False
+        await tick
+
+    asyncio.run(run())
+    first, last = log.index("decide"), len(log) - 1 - log[::-1].index("decide")
+    assert log.count("decide") == 64 and "tick" in log[first:last], "the loop was blocked while the moment decided"
+
+
+def test_creates_of_one_name_racing_on_two_replicas_count_as_two_orders() -> None:
+    """§14: x of 8 units admitted on one replica, x of 1 on another whose view has not seen it (the API server
+    refuses one of them later): neither replica, nor a third, may count x at 1 (y of 7 and z of 7 were admitted
+    against 9 when the second's reservation hid the first order by name, and its write replaced its entry)."""
+    kube = MemKube()
+    b, _ = _replica_of(kube, 9)
+    c, _ = _replica_of(kube, 9)
+    d, _ = _replica_of(kube, 9)
+    assert asyncio.run(_create_as(b, "x", 8, "big"))
+    assert asyncio.run(_create_as(c, "x", 1, "small"))
+    assert not asyncio.run(_create_as(c, "y", 7, "y"))
+    assert not asyncio.run(_create_as(d, "z", 7, "z"))

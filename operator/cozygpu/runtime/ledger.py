@@ -43,6 +43,9 @@ ATTEMPTS = 20
 # Seconds an entry stays after its writer's view counts it: every replica's watch has it by then.
 SETTLE = 5.0
 
+# A moment's decisions yield to the event loop after this many, or this long (§14.3: a pass yields every 2 ms).
+YIELD_EVERY, YIELD_AFTER = 32, 0.002
+
 T = TypeVar("T")
 Claim = tuple[str, str, str]  # the device an order is for: namespace, name, uid
 
@@ -79,7 +82,7 @@ class Ledger:
         ttl: float,
         cluster: Cluster,
         *,
-        mine: Callable[[str, str], bool] = lambda namespace, name: False,
+        mine: Callable[[str, str, str], bool] = lambda namespace, name, uid: False,
         budgets_required: bool = False,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -150,12 +153,19 @@ class Ledger:
                 if entry.uid and self._cluster.device_removed(entry.uid):
                     continue  # this view saw the device go: the order uses nothing now
                 live[key] = dataclasses.replace(entry, counted=now) if counted and entry.counted is None else entry
-                if not counted and not self._cluster.assumed(ns, name) and not self._mine(ns, name):
+                if not counted and not self._cluster.assumed(ns, name) and not self._mine(ns, name, entry.uid):
                     others.append(Order(ns, entry.class_name, entry.count, f"GPUDevice {name}"))
             # The decisions of one process need not see each other here: its reservations and view count them.
             outcomes: list[tuple[_Turn, Any, BaseException | None]] = []
             new: dict[Claim, Order] = {}
-            for turn in (t for t in batch if not t.done.done()):  # a caller that gave up is left out
+            turns, last = [t for t in batch if not t.done.done()], time.monotonic()  # who gave up is left out
+            for i, turn in enumerate(turns):
+                if i % YIELD_EVERY == YIELD_EVERY - 1 or time.monotonic() - last > YIELD_AFTER:
+                    # A burst's moment decides many orders: the loop serves others meanwhile (§14.3).
+                    await asyncio.sleep(0)
+                    last = time.monotonic()
+                if turn.done.done():
+                    continue
                 try:
                     result, orders = turn.decide(others)
                 except Exception as e:  # one caller's failure is its own, not the moment's
@@ -164,7 +174,10 @@ class Ledger:
                 outcomes.append((turn, result, None))
                 new.update(orders)
             for (ns, name, uid), order in new.items():
-                live[_key(ns, name)] = Entry(ns, name, order.class_name, order.count, now + self._ttl, uid)
+                key = _key(ns, name)
+                if key in live and live[key].uid != uid:
+                    key = _key(ns, f"{name}.{uid}")  # a create of the name racing another's: both orders count
+                live[key] = Entry(ns, name, order.class_name, order.count, now + self._ttl, uid)
             try:
                 if new:
                     await self._write(body, live)

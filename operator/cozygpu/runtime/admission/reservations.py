@@ -23,6 +23,7 @@ class _Reservation:
     name: str
     order: Order
     expires: float
+    uid: str = ""  # the device's, from the review: another create of the name is another order
 
 
 class Reservations:
@@ -35,12 +36,12 @@ class Reservations:
         self._by_name: dict[tuple[str, str], set[str]] = {}
         self._unnamed = itertools.count()
 
-    def add(self, namespace: str, name: str, order: Order, *, review: str = "") -> str:
+    def add(self, namespace: str, name: str, order: Order, *, review: str = "", uid: str = "") -> str:
         """Reserve `order` for the admission `review` (a made-up key where there is none: tests, direct calls);
         returns the reservation's key."""
         key = review or f"unnamed-{next(self._unnamed)}"
         self._drop(key)
-        self._items[key] = _Reservation(namespace, name, order, time.monotonic() + self._ttl)
+        self._items[key] = _Reservation(namespace, name, order, time.monotonic() + self._ttl, uid)
         self._by_name.setdefault((namespace, name), set()).add(key)
         return key
 
@@ -51,6 +52,11 @@ class Reservations:
     def holds(self, namespace: str, name: str) -> bool:
         """Whether a create of this name is admitted and not yet seen (expired ones count until `orders`)."""
         return (namespace, name) in self._by_name
+
+    def holds_device(self, namespace: str, name: str, uid: str) -> bool:
+        """Whether the order for the device of this uid is reserved here (the order ledger's `mine`): a create of the
+        same name racing on another replica is another device, another order (§14)."""
+        return any(self._items[k].uid == uid or not uid for k in self._by_name.get((namespace, name), ()))
 
     def seen(self, namespace: str, name: str) -> None:
         """The view has the device now: it counts there."""

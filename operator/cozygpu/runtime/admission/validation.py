@@ -1,7 +1,7 @@
 """The GPUDevice, GPUClass and GPUBudget validating webhooks (§9): executors around the pure checks.
 
-Held-device creates are admitted one at a time and reserved until the view sees
-them, so two concurrent creates cannot together pass a budget (§7.4); across replicas
+A held-device create is checked and reserved with no await in between, and stays reserved
+until the view sees it, so concurrent creates cannot together pass a budget (§7.4); across replicas
 each admission also goes through the namespace's order ledger in the API
 (runtime.ledger), whose resourceVersion serialises them.
 """
@@ -76,12 +76,18 @@ class Validation:
             key = None
             if problem is None and held and not dry_run:
                 # Reserved before any await: the binder decides on this event loop meanwhile, and must count it.
-                key = self._reservations.add(namespace, device.name, order, review=review)
+                key = self._reservations.add(
+                    namespace, device.name, order, review=review, uid=device.metadata.uid or ""
+                )
             try:
                 problem = problem or await self._confirm(device, user, order, key)
-            finally:
-                if key is not None and problem is not None:
+            except BaseException:
+                # Not admitted (the API server fails the create closed): the order must not count here either.
+                if key is not None:
                     self._reservations.cancel(key)
+                raise
+            if key is not None and problem is not None:
+                self._reservations.cancel(key)
         elif operation == "UPDATE" and new is not None and old is not None:
             problem = validation.device_update(
                 GPUDevice.from_wire(old), GPUDevice.from_wire(new), user, self.operator_user

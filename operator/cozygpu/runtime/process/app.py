@@ -87,7 +87,8 @@ class Operator:
         self.namespace = leadership.lease_namespace(settings)
         # Every order under a budget, from any replica's webhook or the leader's binder, meets here (§7.4, §10).
         self.ledger = Ledger(self.kube, self.namespace, ttl=settings.webhook_timeout + 10, cluster=self.cluster,
-                             mine=self.reservations.holds, budgets_required=settings.budgets_required)  # fmt: skip
+                             mine=self.reservations.holds_device,
+                             budgets_required=settings.budgets_required)  # fmt: skip
         self.binder = Binder(
             self.cluster,
             self.writer,
