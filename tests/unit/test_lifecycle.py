@@ -124,7 +124,7 @@ def test_an_orphan_template_device_is_deleted_after_the_grace_period() -> None:
     body = GPUDevice.from_wire(device("vm-gpu-0", template=True))
     assert device_actions(cluster(), body, SOON, GRACE) == []
     assert dos(device_actions(cluster(), body, LATE, GRACE)) == [Do.DELETE]
-    assert due(body, GRACE) == EPOCH + GRACE
+    assert due(body, GRACE, SOON) == EPOCH + GRACE
 
 
 def test_a_finalizer_without_a_live_vmi_is_removed() -> None:

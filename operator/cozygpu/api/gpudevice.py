@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from enum import StrEnum
 
 from pydantic import Field
@@ -10,6 +11,7 @@ from cozygpu.api.meta import (
     AGE,
     CONDITIONS_SCHEMA,
     Condition,
+    ConditionStatus,
     CRDInfo,
     Model,
     OwnerReference,
@@ -17,7 +19,7 @@ from cozygpu.api.meta import (
     Resource,
     Time,
 )
-from cozygpu.api.names import LABEL_TEMPLATE_DEVICE, OBJECT_NAME_PATTERN, TRUE
+from cozygpu.api.names import CONDITION_KEPT, LABEL_TEMPLATE_DEVICE, OBJECT_NAME_PATTERN, TRUE
 
 IMMUTABLE = "self == oldSelf"
 
@@ -136,6 +138,19 @@ class GPUDevice(Resource):
     def vmi_owner(self) -> OwnerReference | None:
         """§1.2, §6.1: the VMI a template device is owned by, once that VMI exists."""
         return next((o for o in self.metadata.owner_references if o.kind == "VirtualMachineInstance"), None)
+
+    @property
+    def vm_owner(self) -> OwnerReference | None:
+        """§6.6: the VirtualMachine a template device is owned by, when its VMI was one that VM controlled."""
+        return next((o for o in self.metadata.owner_references if o.kind == "VirtualMachine"), None)
+
+    @property
+    def kept_since(self) -> dt.datetime | None:
+        """§6.6: since when it is kept for its VirtualMachine's next VMI, if it is."""
+        kept = next((c for c in self.status.conditions if c.type == CONDITION_KEPT), None)
+        if kept is None or kept.status != ConditionStatus.TRUE:
+            return None
+        return kept.last_transition_time
 
     @property
     def open_request(self) -> BindRequest | None:

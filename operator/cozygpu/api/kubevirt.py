@@ -1,7 +1,9 @@
-"""What the operator reads of KubeVirt's own CR (§1.5): the host devices it permits.
+"""What the operator reads of KubeVirt's objects: the host devices its CR permits (§1.5), and whether a
+VirtualMachine wants to run (§6.6).
 
-Callers: `state.cluster` keeps the result per KubeVirt CR; `decisions.admission` refuses a
-class whose resource KubeVirt would not hand to a VM.
+Callers: `state.cluster` keeps the permitted resources per KubeVirt CR; `decisions.admission` refuses a
+class whose resource KubeVirt would not hand to a VM; the collector asks `wants_to_run` of the VM
+whose VMI is gone, read fresh.
 """
 
 from __future__ import annotations
@@ -21,3 +23,18 @@ def permitted_resources(body: dict[str, Any]) -> set[str] | None:
         for d in permitted.get(key) or []
         if isinstance(d, dict) and d.get("resourceName")
     }
+
+
+def wants_to_run(vm: dict[str, Any] | None) -> bool:
+    """§6.6: whether KubeVirt will make the VM a new VMI: not being deleted, a run strategy that restarts
+    (`Always`, `RerunOnFailure`; `Manual` only on a Start request) or `running: true`, and no Stop as the last
+    state change request (`virtctl stop` on a Manual VM; a restart asks Stop, then Start)."""
+    if vm is None or (vm.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    spec, status = vm.get("spec") or {}, vm.get("status") or {}
+    requests = [r.get("action") for r in status.get("stateChangeRequests") or [] if isinstance(r, dict)]
+    last = requests[-1] if requests else None
+    strategy = spec.get("runStrategy") or ("Always" if spec.get("running") else "Halted")
+    if strategy in ("Always", "RerunOnFailure"):
+        return last != "Stop"
+    return strategy == "Manual" and last == "Start"

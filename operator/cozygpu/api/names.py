@@ -43,6 +43,8 @@ CONDITION_LOST_CAPACITY = "LostCapacity"
 CONDITION_CLASS_CONFLICT = "ClassConflict"
 CONDITION_OVER_BUDGET = "OverBudget"
 CONDITION_PLACED = "Placed"
+# §6.6: a template device kept Bound for its VirtualMachine's next VMI; since when, in its lastTransitionTime.
+CONDITION_KEPT = "KeptForRestart"
 
 GPU_ENTRY_PREFIX = "gpudev"
 

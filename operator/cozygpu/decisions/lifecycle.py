@@ -1,11 +1,13 @@
 """Attachments, ownership, finalizers and garbage collection (§6), as pure decisions.
 
 `device_actions` says what one device needs given the view: record its VMI's uid,
-take that VMI as owner, detach from a VMI that is gone, delete a template device whose
-VMI is gone or never came, clear a stale request, keep the in-use finalizer exactly
-while a live VMI uses it. The collector (runtime.workers.collector) calls it for the devices
-an event touches and, as a safety net, for all of them on a sweep, and writes what
-`status_after` and `metadata_changes` build for each action.
+take that VMI (or the VirtualMachine controlling it) as owner, detach from a VMI that is
+gone, delete a template device whose VMI is gone or never came, or keep it for its VM's
+next VMI (§6.6; asking first for the VM, read fresh: `READ_VM`), clear a stale request,
+keep the in-use finalizer exactly while a live VMI uses it. The collector
+(runtime.workers.collector) calls it for the devices an event touches and, as a safety
+net, for all of them on a sweep, and writes what `status_after` and `metadata_changes`
+build for each action.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from cozygpu.api import GPUClass, GPUDevice, GPUDeviceStatus
+from cozygpu.api import Condition, ConditionStatus, GPUClass, GPUDevice, GPUDeviceStatus
 from cozygpu.api.meta import OwnerReference
-from cozygpu.api.names import FINALIZER_IN_USE, KUBEVIRT_API_VERSION
+from cozygpu.api.names import CONDITION_KEPT, FINALIZER_IN_USE, KUBEVIRT_API_VERSION
 from cozygpu.state.cluster import Cluster
 
 
@@ -30,26 +32,37 @@ class Do(Enum):
     DETACH = "detach"  # status: no attachment, no request
     CLEAR_REQUEST = "clear-request"  # status: no request (nor an attachment without a live VMI)
     DELETE = "delete"  # a template device whose VMI is gone
+    KEEP = "keep"  # status: condition KeptForRestart, for the VM's next VMI (§6.6)
+    READ_VM = "read-vm"  # the decision needs the owner VM's wish to run: read it, and ask again (§6.6)
 
 
 @dataclass(frozen=True)
 class Action:
     do: Do
     reason: str = ""
-    uid: str = ""  # the VMI's, for RECORD_UID and OWN
+    uid: str = ""  # the VMI's, for RECORD_UID; the owner's, for OWN and READ_VM
+    vm: str = ""  # the VirtualMachine's name, for OWN (when a VM controls the VMI) and READ_VM
+    at: dt.datetime | None = None  # when, for KEEP
+
+
+# §6.6: how often the VM of a kept device is read again, to learn it stopped or went.
+RECHECK = dt.timedelta(seconds=5)
 
 
 def _expired(since: dt.datetime | None, now: dt.datetime, grace: dt.timedelta) -> bool:
     return since is not None and now - since >= grace
 
 
-def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace: dt.timedelta) -> list[Action]:
-    """What the device needs now; an empty list when it is as it should be."""
+def device_actions(
+    cluster: Cluster, device: GPUDevice, now: dt.datetime, grace: dt.timedelta, *, vm_runs: bool | None = None
+) -> list[Action]:
+    """What the device needs now; an empty list when it is as it should be. `vm_runs`: whether the VM that owns
+    it wants to run, once read (asked for with READ_VM)."""
     namespace = device.namespace or ""
     attached = device.status.attached_to
     request = device.open_request
     live: str | None = cluster.vmis.get((namespace, attached.vmi)) if attached else None
-    owner = device.vmi_owner
+    owner = device.vmi_owner or device.vm_owner
     # §14.2: the uid recorded is that of the VMI the admission was for: the VMI of the name names the device.
     named = live is not None and attached is not None and cluster.names_device(namespace, attached.vmi, device.name)
     actions: list[Action] = []
@@ -61,11 +74,11 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
             # §6.2: the VMI it was attached to is gone (a new one of the name is another VMI), and §6.7 its guest:
             # no launcher pod of that VMI holds units any more.
             why = f"VMI {attached.vmi} is gone"
-            return [Action(Do.DELETE, why)] if device.is_template else _detach(device, why)
+            return _kept_or_deleted(device, why, now, grace, vm_runs) if device.is_template else _detach(device, why)
         if gone:
             in_use = True  # §6.7: the guest still runs in its launcher pod: the units stay its until the pod ends
         elif not attached.claimed and named:
-            actions.append(Action(Do.RECORD_UID, f"VMI {attached.vmi} exists", live or ""))  # §6.1
+            actions.append(Action(Do.RECORD_UID, f"VMI {attached.vmi} exists", live or ""))  # §6.1 (§6.6: kept no more)
             in_use = True
         elif not attached.claimed:
             if _expired(attached.since, now, grace):
@@ -81,10 +94,14 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
             in_use = True
         ours = device.name.startswith(f"{attached.vmi}-gpu-")
         if device.is_template and owner is None and live is not None and ours and not gone and (named or attached.uid):
-            actions.append(Action(Do.OWN, f"VMI {attached.vmi} owns it", live))
+            vm = cluster.vm_of(namespace, attached.vmi)  # §6.6: a VM's restart keeps them, so the VM owns them
+            actions.append(Action(Do.OWN, f"VirtualMachine {vm[0]} owns it", vm[1], vm[0]) if vm is not None
+                           else Action(Do.OWN, f"VMI {attached.vmi} owns it", live))  # fmt: skip
     elif request is not None and _expired(request.requested_at, now, grace):
         actions.append(Action(Do.CLEAR_REQUEST, "the bind request went unanswered"))  # §4
 
+    if attached is None and device.is_template and device.vm_owner is not None:
+        return _kept_or_deleted(device, "no VMI uses it", now, grace, vm_runs)  # a restart's admission undone
     if attached is None and device.is_template:
         gone = owner is not None and not cluster.vmi_exists(owner.uid)
         orphan = owner is None and _expired(device.metadata.creation_timestamp, now, grace)
@@ -99,6 +116,26 @@ def device_actions(cluster: Cluster, device: GPUDevice, now: dt.datetime, grace:
     return actions
 
 
+def _kept_or_deleted(
+    device: GPUDevice, why: str, now: dt.datetime, grace: dt.timedelta, vm_runs: bool | None
+) -> list[Action]:
+    """§6.6: a template device whose VMI is gone stays Bound for its VirtualMachine's next VMI while the VM wants
+    to run, for at most the grace period; a VMI no VM controls takes its template devices with it (§6.2)."""
+    vm = device.vm_owner
+    if vm is None:
+        return [Action(Do.DELETE, why)]
+    if vm_runs is None:
+        return [Action(Do.READ_VM, why, vm.uid, vm.name)]
+    if not vm_runs:
+        return [Action(Do.DELETE, f"{why} and VirtualMachine {vm.name} does not want to run")]
+    since = device.kept_since
+    if since is None:
+        return [Action(Do.KEEP, f"{why}; kept for the next VMI of VirtualMachine {vm.name}", at=now)]
+    if _expired(since, now, grace):
+        return [Action(Do.DELETE, f"no new VMI of VirtualMachine {vm.name} came within the grace period")]
+    return []
+
+
 def _detach(device: GPUDevice, why: str) -> list[Action]:
     actions = [Action(Do.DETACH, why)]
     if FINALIZER_IN_USE in device.metadata.finalizers:
@@ -106,11 +143,14 @@ def _detach(device: GPUDevice, why: str) -> list[Action]:
     return actions
 
 
-def due(device: GPUDevice, grace: dt.timedelta) -> dt.datetime | None:
-    """When the device's grace period runs out, if something about it is waiting on one."""
+def due(device: GPUDevice, grace: dt.timedelta, now: dt.datetime) -> dt.datetime | None:
+    """When the device's grace period runs out, if something about it is waiting on one; a kept device's VM is
+    read again every RECHECK meanwhile (§6.6: a VM stopped or deleted lets its devices go then)."""
     attached = device.status.attached_to
     request = device.open_request
     times = []
+    if device.kept_since is not None:
+        times += [device.kept_since + grace, now + RECHECK]
     if attached is not None and not attached.claimed and attached.since is not None:
         times.append(attached.since + grace)
     if request is not None:
@@ -137,8 +177,14 @@ def status_after(device: GPUDevice, action: Action) -> GPUDeviceStatus:
     """The device's status once a status action is done; anything else in it is kept. A release (DETACH) frees
     the device for another VMI but not its units: phase and node stay, a held device stays Bound (§2, §6.2)."""
     status = device.status
-    if action.do is Do.RECORD_UID and status.attached_to is not None:  # §6.1
-        return status.model_copy(update={"attached_to": status.attached_to.model_copy(update={"uid": action.uid})})
+    others = [c for c in status.conditions if c.type != CONDITION_KEPT]
+    if action.do is Do.RECORD_UID and status.attached_to is not None:  # §6.1; §6.6: the VM's next VMI is here
+        attached = status.attached_to.model_copy(update={"uid": action.uid})
+        return status.model_copy(update={"attached_to": attached, "conditions": others})
+    if action.do is Do.KEEP:  # §6.6
+        kept = Condition(type=CONDITION_KEPT, status=ConditionStatus.TRUE, reason="VirtualMachineRestarting",
+                         message=action.reason, last_transition_time=action.at)  # fmt: skip
+        return status.model_copy(update={"conditions": [*others, kept]})
     if action.do is Do.DETACH:  # §6.2, §6.3: the attachment goes, with the request made for it
         return status.model_copy(update={"attached_to": None, "bind_request": None})
     if action.do is Do.CLEAR_REQUEST:  # §4: a stale request
@@ -150,11 +196,10 @@ def metadata_changes(device: GPUDevice, action: Action) -> dict[str, Any]:
     """The metadata fields OWN and the finalizer actions change, as their new values; for DELETE, what comes off
     before the delete: the in-use protection, which would keep a device the collector deletes (§6.5)."""
     meta = device.metadata
-    if action.do is Do.OWN:  # §6.1
+    if action.do is Do.OWN:  # §6.1; §6.6: the VM controlling the VMI, when one does
         vmi = device.status.attached_to.vmi if device.status.attached_to else ""
-        owner = OwnerReference(
-            api_version=KUBEVIRT_API_VERSION, kind="VirtualMachineInstance", name=vmi, uid=action.uid
-        )
+        kind, name = ("VirtualMachine", action.vm) if action.vm else ("VirtualMachineInstance", vmi)
+        owner = OwnerReference(api_version=KUBEVIRT_API_VERSION, kind=kind, name=name, uid=action.uid)
         return {"owner_references": [*meta.owner_references, owner]}
     if action.do in (Do.ADD_FINALIZER, Do.REMOVE_FINALIZER, Do.DELETE):
         return {"finalizers": protected(meta.finalizers, protect=action.do is Do.ADD_FINALIZER)}

@@ -12,6 +12,7 @@ Started and stopped by `devcluster.kubevirt.KubeVirt`.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import threading
 from typing import Any
 
@@ -114,6 +115,10 @@ class FakeKubelet:
         meta, status = vmi["metadata"], vmi.get("status", {})
         if meta.get("deletionTimestamp") or status.get("phase") != "Scheduled" or not status.get("nodeName"):
             return
-        patch: dict[str, Any] = {"status": {"phase": "Running"}}
+        # As virt-handler: the phase with its transition time, which KubeVirt's VM controller reads to tell a
+        # VMI that ran (a restart) from one that failed to start (its start-failure backoff).
+        at = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        times = [*(status.get("phaseTransitionTimestamps") or []), {"phase": "Running", "phaseTransitionTimestamp": at}]
+        patch: dict[str, Any] = {"status": {"phase": "Running", "phaseTransitionTimestamps": times}}
         with contextlib.suppress(NotFound):
             self._handler(status["nodeName"]).patch(kinds.VMI, meta["name"], patch, meta["namespace"])

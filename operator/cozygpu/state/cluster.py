@@ -103,8 +103,8 @@ class Cluster:
             c.held_of_class, c.held_units, c.unmanaged_units, c.taken_units,
         )  # fmt: skip
         self.best_fit, self.most_units, self.nodes_with = c.best_fit, c.most_units, c.nodes_with
-        self.use_in, self.names_device, self.vmi_exists, self.set_of = (
-            self._budgets.use_in, self._vmis.names_device, self._vmis.vmi_exists, self._vmis.set_of,
+        self.use_in, self.names_device, self.vmi_exists, self.set_of, self.vm_of = (
+            self._budgets.use_in, self._vmis.names_device, self._vmis.vmi_exists, self._vmis.set_of, self._vmis.vm_of,
         )  # fmt: skip
         self.pod, self.pod_keys, self.pods_on, self.launchers_of, self.guest_running = (
             self._pods.get, self._pods.keys, self._pods.on, self._pods.launchers_of, self._pods.guest_running,

@@ -26,6 +26,8 @@ class Vmis:
         # And the devices each names (§14.2): a device a losing create of the name attached is not the VMI's.
         self._names: dict[VmiKey, frozenset[str]] = {}
         self._all_uids: set[str] = set()
+        # The VirtualMachine that controls it (name, uid), if one does: its template devices outlive it (§6.6).
+        self._vm: dict[VmiKey, tuple[str, str]] = {}
 
     @writes
     def put(self, body: dict[str, Any]) -> VmiKey | None:
@@ -37,6 +39,12 @@ class Vmis:
             return None
         uid, names = meta.get("uid", ""), references.device_names(key[1], meta.get("annotations"))
         old = self.store.put(key, uid, meta.get("resourceVersion"))
+        vm = next(((o.get("name", ""), o.get("uid", "")) for o in meta.get("ownerReferences") or []
+                   if o.get("kind") == "VirtualMachine" and o.get("controller")), None)  # fmt: skip
+        if vm is None:
+            self._vm.pop(key, None)
+        else:
+            self._vm[key] = vm
         if old == uid and self._names.get(key) == names:
             return None
         self._all_uids.discard(old or "")
@@ -50,7 +58,12 @@ class Vmis:
         held = key in self.store
         self._all_uids.discard(self.store.pop(key, removal) or "")
         self._names.pop(key, None)
+        self._vm.pop(key, None)
         return held
+
+    def vm_of(self, namespace: str, vmi: str) -> tuple[str, str] | None:
+        """The VirtualMachine (name, uid) that controls the VMI of this name the view has, if one does."""
+        return self._vm.get((namespace, vmi))
 
     def names_device(self, namespace: str, vmi: str, device: str) -> bool:
         """Whether the VMI of this name that the view has names the device among its references (§14.2)."""

@@ -100,9 +100,9 @@ class Operator:
             metrics=self.metrics,
             ledger=self.ledger,
         )
-        self.collector = Collector(
-            self.cluster, self.writer, self.events, grace=settings.grace_period, sweep_interval=settings.sweep_interval
-        )
+        self.collector = Collector(self.cluster, self.writer, self.events, grace=settings.grace_period,
+                                   sweep_interval=settings.sweep_interval,
+                                   read_vm=lambda ns, name: self.kube.get_or_none(kinds.VM, name, ns))  # fmt: skip
         self.vmis = VMIAdmission(
             self.cluster,
             self.waiters,

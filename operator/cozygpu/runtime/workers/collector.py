@@ -13,10 +13,13 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 
 from cozygpu.api import GPUClass, GPUDevice, kinds
+from cozygpu.api.kubevirt import wants_to_run
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import FINALIZER_IN_USE
 from cozygpu.decisions import lifecycle
@@ -40,8 +43,12 @@ class Collector:
         *,
         grace: float,
         sweep_interval: float,
+        read_vm: Callable[[str, str], Awaitable[dict[str, Any] | None]] | None = None,
     ) -> None:
+        """`read_vm`: a fresh read of a VirtualMachine (namespace, name), for a kept device (§6.6); the view keeps
+        no VMs. Without it, a template device's VM never wants to run."""
         self._cluster = cluster
+        self._read_vm = read_vm
         self._writer = writer
         self._events = events
         self._grace = dt.timedelta(seconds=grace)
@@ -114,17 +121,34 @@ class Collector:
         for key in sorted(keys | {k for k, when in self._due.items() if when <= now}):
             device = self._cluster.devices.get(key)
             if device is not None:
-                actions = lifecycle.device_actions(self._cluster, device, now, self._grace)
+                actions = await self._actions(device, now)
                 if actions:
                     await self._apply(device, actions)
             after = self._cluster.devices.get(key)
-            when = lifecycle.due(after, self._grace) if after is not None else None
+            when = lifecycle.due(after, self._grace, now) if after is not None else None
             if when is None:
                 self._due.pop(key, None)
             else:
                 self._due[key] = when
 
     # -- devices --------------------------------------------------------------
+
+    async def _actions(self, device: GPUDevice, now: dt.datetime) -> list[Action]:
+        """The decision, with the owner VM's wish to run read fresh when it needs it (§6.6)."""
+        actions = lifecycle.device_actions(self._cluster, device, now, self._grace)
+        if not actions or actions[0].do is not Do.READ_VM:
+            return actions
+        ask = actions[0]
+        try:
+            vm = await self._read_vm(device.namespace or "", ask.vm) if self._read_vm is not None else None
+        except ApiError as e:
+            # Not known is not stopped: decided again on the next pass (the device is due).
+            log.warning(
+                "collector.vm_unread", namespace=device.namespace, device=device.name, vm=ask.vm, error=e.message
+            )
+            return []
+        runs = vm is not None and (vm.get("metadata") or {}).get("uid") == ask.uid and wants_to_run(vm)
+        return lifecycle.device_actions(self._cluster, device, now, self._grace, vm_runs=runs)
 
     async def _apply(self, device: GPUDevice, actions: list[Action]) -> None:
         key = (device.namespace or "", device.name)
@@ -175,6 +199,8 @@ class Collector:
             raise _Raced
         if action.do is Do.DETACH:
             self._events.post(device, "Released", action.reason)
+        if action.do is Do.KEEP:
+            self._events.post(device, "Kept", action.reason)
         return self._cluster.device(namespace, device.name)
 
     async def _write_meta(self, device: GPUDevice, **changes: object) -> GPUDevice | None:
