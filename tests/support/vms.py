@@ -50,12 +50,16 @@ def pods_of(kube: Kube, namespace: str, uid: str) -> list[Body]:
     return kube.list(kinds.POD, namespace, label_selector=f"kubevirt.io/created-by={uid}")
 
 
-def running(kube: Kube, namespace: str, name: str, timeout: float = 60.0) -> tuple[Body, Body]:
-    """Wait until the VM's VMI runs; return it and its (one live) launcher pod."""
+def running(
+    kube: Kube, namespace: str, name: str, timeout: float = 60.0, *, not_uid: str | None = None
+) -> tuple[Body, Body]:
+    """Wait until the VM's VMI (another than `not_uid`, when given) runs; return it and its (one live) launcher pod."""
 
     def probe() -> tuple[Body, Body] | None:
         body = vmi(kube, namespace, name)
         if body is None or body.get("status", {}).get("phase") != "Running":
+            return None
+        if not_uid is not None and body["metadata"]["uid"] == not_uid:
             return None
         live = [
             p for p in pods_of(kube, namespace, body["metadata"]["uid"]) if not p["metadata"].get("deletionTimestamp")
