@@ -94,6 +94,7 @@ def _run(args: argparse.Namespace) -> int:
         "pod_scan_interval": args.pod_scan_interval,
         "max_devices_per_vmi": args.max_devices_per_vmi,
         "max_admissions_per_namespace": args.max_admissions_per_namespace,
+        "max_idle_moves": args.max_idle_moves,
         "budgets_required": True if args.budgets_required else None,
         "crash_at_write": args.crash_at_write,
         "watch_timeout": args.watch_timeout,
@@ -163,6 +164,11 @@ def parser() -> argparse.ArgumentParser:
         "--max-admissions-per-namespace",
         type=int,
         help="VMI admissions one namespace may have under way at once (default 128); more are refused",
+    )
+    run.add_argument(
+        "--max-idle-moves",
+        type=int,
+        help="idle held devices one placement may move to make room for an order (default 4; 0: never, §5.7)",
     )
     run.add_argument(
         "--pod-scan-interval", type=float, help="period of the list of every pod on a node, seconds (default 300)"

@@ -89,6 +89,13 @@ class Settings(BaseModel):
         " KubeVirt retries: one tenant cannot hold every API call and bind of the operator. Above the burst of"
         " 100 concurrent creates §13.2 admits.",
     )
+    max_idle_moves: int = Field(
+        default=4,
+        ge=0,
+        le=64,
+        description="Idle held devices one placement may move to other nodes to make room for an order that fits "
+        "nowhere (§5.7); 0: never. A class may forbid it for its own devices (spec.idleMoves: Never).",
+    )
     watch_timeout: int = Field(
         default=240,
         ge=1,

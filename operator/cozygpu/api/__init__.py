@@ -5,7 +5,7 @@ models into the CRDs under `crds/`.
 """
 
 from cozygpu.api.gpubudget import GPUBudget, GPUBudgetSpec, GPUBudgetStatus
-from cozygpu.api.gpuclass import GPUClass, GPUClassSpec, GPUClassStatus, GPUMode
+from cozygpu.api.gpuclass import GPUClass, GPUClassSpec, GPUClassStatus, GPUMode, IdleMoves
 from cozygpu.api.gpudevice import (
     Attachment,
     BindRequest,
@@ -39,6 +39,7 @@ __all__ = [
     "GPUMode",
     "GPUNode",
     "GPUNodeStatus",
+    "IdleMoves",
     "NodeResource",
     "ObjectMeta",
     "Phase",

@@ -27,6 +27,13 @@ class GPUMode(StrEnum):
     VGPU = "vgpu"
 
 
+class IdleMoves(StrEnum):
+    """§5.7: whether the binder may move this class's idle held devices to make room for an order."""
+
+    ALLOWED = "Allowed"
+    NEVER = "Never"
+
+
 class GPUClassSpec(Model):
     """A kind of GPU: its mode, its device-plugin resource and which nodes serve it."""
 
@@ -50,6 +57,12 @@ class GPUClassSpec(Model):
     )
     namespace_selector: LabelSelector | None = Field(
         default=None, description="Namespaces entitled to order the class. Unset: every namespace."
+    )
+    idle_moves: IdleMoves = Field(
+        default=IdleMoves.ALLOWED,
+        description="Allowed: an idle held device of the class (Bound, attached to no VMI) may move to another "
+        "node to make room for an order that fits nowhere else. Never: it stays on its node, e.g. where VMs "
+        "keep node-local disks.",
     )
 
 

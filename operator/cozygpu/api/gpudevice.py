@@ -167,6 +167,14 @@ class GPUDevice(Resource):
         return self.status.phase is None and not self.is_template
 
     @property
+    def idle(self) -> bool:
+        """§5.7: a reservation no guest uses and no admission is taking: a held device Bound, attached to no VMI,
+        in no open request, not on its way out. Template devices never are: theirs is a VMI's lifetime (§6.6)."""
+        if not self.holds_gpus or self.is_template or self.deleting:
+            return False
+        return self.status.attached_to is None and self.open_request is None
+
+    @property
     def awaits_node(self) -> bool:
         """§5.5: the binder places it on its own, outside any bind request: not Bound, not on its way out,
         in no open request (answered as a set, §4), not a template device its admission has not handed

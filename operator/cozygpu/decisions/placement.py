@@ -28,13 +28,14 @@ class Placement:
 @dataclass(frozen=True)
 class NoPlacement:
     message: str
+    full: bool = False  # no node had the units free: idle moves may make room (§5.7)
 
 
 def _free_units(n: int) -> str:
     return f"{n} free unit" if n == 1 else f"{n} free units"
 
 
-def _needs(devices: Sequence[GPUDevice], classes: dict[str, GPUClass], node: str | None) -> dict[str, int]:
+def needs(devices: Sequence[GPUDevice], classes: dict[str, GPUClass], node: str | None) -> dict[str, int]:
     """Units per resource the set still needs on `node` (devices Bound there hold theirs already)."""
     need: dict[str, int] = defaultdict(int)
     for d in devices:
@@ -67,7 +68,7 @@ def _evaluate(
             return _Miss(verdict.reason)
     taken_units = taken(cluster, node.name)
     leftover = 0
-    for resource, units in sorted(_needs(devices, classes, node.name).items()):
+    for resource, units in sorted(needs(devices, classes, node.name).items()):
         available = free(node, taken_units, resource)
         if available < units:
             return _Miss(f"node {node.name} has {available} free of {resource}, needs {units}", available)
@@ -97,7 +98,7 @@ def _headline(devices: Sequence[GPUDevice], classes: dict[str, GPUClass]) -> str
     return "no node can take the whole set on its own: " + " and ".join(parts)
 
 
-def _classes(cluster: Cluster, devices: Sequence[GPUDevice]) -> dict[str, GPUClass] | NoPlacement:
+def classes_of(cluster: Cluster, devices: Sequence[GPUDevice]) -> dict[str, GPUClass] | NoPlacement:
     classes: dict[str, GPUClass] = {}
     for d in devices:
         cls = cluster.classes.get(d.spec.class_name)
@@ -116,7 +117,7 @@ def place(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlace
     closest nodes from the view's indexes. Sets of several classes of one resource walk the
     resource's order; gathers and sets of several resources look at every node that has the
     resources (`place_scanning`)."""
-    classes = _classes(cluster, devices)
+    classes = classes_of(cluster, devices)
     if isinstance(classes, NoPlacement):
         return classes
     resources = {c.spec.resource_name for c in classes.values()}
@@ -148,12 +149,12 @@ def _unfit(
     ]
     for name in index.unserved(cls.name, MAX_NODE_REASONS - len(shown)):
         shown.append(node_serves(cluster, cluster.nodes[name], cls).reason)
-    return NoPlacement(_message(_headline(devices, classes), shown, sum(index.counts(cls.name)), {resource}))
+    return NoPlacement(_message(_headline(devices, classes), shown, sum(index.counts(cls.name)), {resource}), True)
 
 
 def place_scanning(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlacement:
     """`place` by looking at every node that has the set's resources; the reference for the fast path."""
-    classes = _classes(cluster, devices)
+    classes = classes_of(cluster, devices)
     if isinstance(classes, NoPlacement):
         return classes
     resources = {c.spec.resource_name for c in classes.values()}
@@ -169,4 +170,4 @@ def place_scanning(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement 
     if best is not None:
         return Placement(node=best[0][2], moves=best[1])
     shown = [reason for _, _, reason in sorted(misses)[:MAX_NODE_REASONS]]
-    return NoPlacement(_message(_headline(devices, classes), shown, len(misses), resources))
+    return NoPlacement(_message(_headline(devices, classes), shown, len(misses), resources), True)

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from cozygpu.api import GPUDevice
 from cozygpu.state.cluster import Cluster, DeviceKey
 
+EVERY = 1 << 62  # more units than any device asks for
+
 
 def in_turn(cluster: Cluster, devices: list[GPUDevice] | None = None) -> list[GPUDevice]:
     """The placeable ones among `devices` (every device not Bound if None, in the order the view keeps),
@@ -34,6 +36,17 @@ def must_decide(cluster: Cluster, served: Iterable[str], fresh: Iterable[DeviceK
         if device is not None and device.awaits_node:
             picked[key] = device
     return sorted(picked.values(), key=cluster.turn)
+
+
+def oldest(cluster: Cluster, classes: Iterable[str]) -> set[DeviceKey]:
+    """The oldest waiting device of each class, whatever its count: where idle moves may make room for some
+    device of a class, its oldest is decided again (§5.5, §5.7). O(counts waiting) per class."""
+    out = set()
+    for name in classes:
+        device = cluster.next_waiting(name, EVERY, None)
+        if device is not None:
+            out.add((device.namespace or "", device.name))
+    return out
 
 
 def overtakes(cluster: Cluster, device: GPUDevice) -> bool:

@@ -4,8 +4,9 @@ Callers: `state.cluster` stores nodes here and counts each Bound device's units 
 (`count`, `uncount`) and the units pods the operator did not place hold (`set_unmanaged`, §12);
 placement reads `best_fit`, `most_units`, `nodes_with` and, per class, `serving` (`state.serving`)
 through the cluster's read-only surface. Every resource's nodes are kept ordered by free units, so
-best fit costs O(log n), never a scan. Free units that change are news for waiting devices:
-`take_room` hands out the classes where one may fit now (§5.5).
+best fit costs O(log n), never a scan, and by reach (free units plus those idle held devices hold,
+which §5.7 may move away: `reach_fit`). Free units that change are news for waiting devices:
+`take_room` hands out the classes where one may fit now (§5.5), or may with idle moves (§5.7).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 
-from cozygpu.api import GPUClass
+from cozygpu.api import GPUClass, IdleMoves
 from cozygpu.state.counts import add as _add
 from cozygpu.state.devices import DeviceKey
 from cozygpu.state.nodes import NodeInfo
@@ -34,23 +35,31 @@ class Capacity:
         self._unit_sizes: dict[str, dict[int, int]] = defaultdict(dict)
         # Units of Bound devices per node and resource, each device as it was counted, per class.
         self._held_res: dict[str, dict[str, int]] = {}
-        self._counted: dict[DeviceKey, tuple[str, str, int, str]] = {}
+        self._counted: dict[DeviceKey, tuple[str, str, int, str, bool]] = {}
+        # Of those, the units idle held devices hold that §5.7 may move (their class allows it).
+        self._idle_res: dict[str, dict[str, int]] = {}
         self._held_class: dict[str, int] = {}
         # Units pods the operator did not place hold per node and resource (§12): not free either.
         self._unmanaged_res: dict[str, dict[str, int]] = {}
         # Every resource's nodes ordered by free units, and each node's place in that order.
         self._by_free: dict[str, list[tuple[int, str]]] = defaultdict(list)
         self._free_at: dict[tuple[str, str], int] = {}
+        # And by reach: free plus idle units (§5.7), where idle moves could make room.
+        self._by_reach: dict[str, list[tuple[int, str]]] = defaultdict(list)
+        self._reach_at: dict[tuple[str, str], int] = {}
         # Per class, the nodes serving it by free units, and the others with its resource (§5.1, §5.3).
         self.serving = ServingIndex()
         self._room: set[str] = set()
         self._served: set[str] = set()
+        self._reach: set[str] = set()
 
     @writes
-    def take_room(self) -> tuple[set[str], set[str]]:
-        """The classes where a waiting device may fit now, and those whose serving nodes changed, since last asked."""
-        room, served, self._room, self._served = self._room, self._served, set(), set()
-        return room, served
+    def take_room(self) -> tuple[set[str], set[str], set[str]]:
+        """The classes where a waiting device may fit now, those whose serving nodes changed, and those where one
+        may fit with idle moves now (§5.7), since last asked."""
+        room, served, reach = self._room, self._served, self._reach
+        self._room, self._served, self._reach = set(), set(), set()
+        return room, served, reach
 
     # -- writes (the cluster's only) ---------------------------------------------
 
@@ -91,15 +100,19 @@ class Capacity:
                 del self._unit_sizes[resource]
 
     @writes
-    def count(self, key: DeviceKey, node: str, class_name: str, units: int) -> None:
-        """A Bound device's units against its node and its class's resource, as known now."""
+    def count(self, key: DeviceKey, node: str, class_name: str, units: int, idle: bool = False) -> None:
+        """A Bound device's units against its node and its class's resource, as known now; `idle`: a
+        reservation no guest uses (`GPUDevice.idle`), which §5.7 may move unless its class says Never."""
         cls = self._classes.get(class_name)
         if cls is None:
             return  # counted once its class is known (the cluster counts the class's devices anew)
         resource = cls.spec.resource_name
-        self._counted[key] = (node, resource, units, class_name)
+        idle = idle and cls.spec.idle_moves is IdleMoves.ALLOWED
+        self._counted[key] = (node, resource, units, class_name, idle)
         per_node = self._held_res.setdefault(node, {})
         per_node[resource] = per_node.get(resource, 0) + units
+        if idle:
+            _add(self._idle_res.setdefault(node, {}), resource, units)
         self._held_class[class_name] = self._held_class.get(class_name, 0) + units
         self._reorder(node, resource)
 
@@ -108,8 +121,12 @@ class Capacity:
         counted = self._counted.pop(key, None)
         if counted is None:
             return
-        node, resource, units, class_name = counted
+        node, resource, units, class_name, idle = counted
         _add(self._held_class, class_name, -units)
+        if idle:
+            _add(self._idle_res[node], resource, -units)
+            if not self._idle_res[node]:
+                del self._idle_res[node]
         per_node = self._held_res[node]
         per_node[resource] -= units
         if not per_node[resource]:
@@ -136,21 +153,20 @@ class Capacity:
         self._served |= every
 
     def _reorder(self, node: str, resource: str) -> None:
-        """Put (free, node) where it belongs in the resource's order, or take it out."""
-        order = self._by_free[resource]
-        old = self._free_at.pop((resource, node), None)
-        if old is not None:
-            del order[bisect.bisect_left(order, (old, node))]
+        """Put (free, node) and (reach, node) where they belong in the resource's orders, or take them out."""
+        old = _unplace(self._by_free, self._free_at, resource, node)
+        old_reach = _unplace(self._by_reach, self._reach_at, resource, node)
         info = self.nodes.get(node)
         if info is not None and resource in info.allocatable:
             taken = self._held_res.get(node, {}).get(resource, 0) + self._unmanaged_res.get(node, {}).get(resource, 0)
             now = info.free(resource, taken)
-            bisect.insort(order, (now, node))
-            self._free_at[(resource, node)] = now
+            reach = now + self._idle_res.get(node, {}).get(resource, 0)
+            _place(self._by_free, self._free_at, resource, node, now)
+            _place(self._by_reach, self._reach_at, resource, node, reach)
             if now != old:
                 self._room |= self.serving._units_changed(node, resource, now)
-        if not order:
-            del self._by_free[resource]
+            if old_reach is None or reach > old_reach:
+                self._reach |= self.serving.served_with(node, resource)
 
     # -- reads -------------------------------------------------------------------
 
@@ -189,6 +205,13 @@ class Capacity:
         for index in range(bisect.bisect_left(order, (units, "")), len(order)):
             yield order[index][1]
 
+    def reach_fit(self, resource: str, units: int) -> Iterator[str]:
+        """Nodes whose free units plus idle held units (§5.7) of the resource come to at least `units`, least
+        first, then by name: where idle moves could make room, found in O(log n)."""
+        order = self._by_reach.get(resource, [])
+        for index in range(bisect.bisect_left(order, (units, "")), len(order)):
+            yield order[index][1]
+
     def most_units(self, resource: str) -> int:
         """The most units of `resource` any one node serves (0 if none): over the distinct sizes, not the nodes."""
         return max(self._unit_sizes.get(resource, {0: 1}))
@@ -199,3 +222,23 @@ class Capacity:
         if not sets:
             return []
         return sorted(set.intersection(*sets))
+
+
+def _unplace(
+    orders: dict[str, list[tuple[int, str]]], at: dict[tuple[str, str], int], resource: str, node: str
+) -> int | None:
+    """Take the node out of the resource's order; what it had there (None: it was not in it)."""
+    old = at.pop((resource, node), None)
+    if old is not None:
+        order = orders[resource]
+        del order[bisect.bisect_left(order, (old, node))]
+        if not order:
+            del orders[resource]
+    return old
+
+
+def _place(
+    orders: dict[str, list[tuple[int, str]]], at: dict[tuple[str, str], int], resource: str, node: str, units: int
+) -> None:
+    bisect.insort(orders[resource], (units, node))
+    at[(resource, node)] = units

@@ -23,7 +23,8 @@ class Change:
     `all_nodes` when a class changed, since any node may serve it or stop serving it. `room` names the
     classes where a waiting device may fit now (units freed, a node started serving, §5.5); `served` the
     classes whose serving nodes changed, so a waiting device's reason may read differently; `guests_gone` the
-    VMIs whose last launcher pod stopped holding units, so their sets may be released now (§6.7)."""
+    VMIs whose last launcher pod stopped holding units, so their sets may be released now (§6.7); `reach` the
+    classes where free plus idle held units rose on a serving node, so idle moves may make room now (§5.7)."""
 
     kind: Kind
     namespace: str
@@ -36,6 +37,7 @@ class Change:
     room: frozenset[str] = frozenset()
     served: frozenset[str] = frozenset()
     guests_gone: frozenset[DeviceKey] = frozenset()  # VMIs (namespace, name) whose last launcher pod ended (§6.7)
+    reach: frozenset[str] = frozenset()  # classes where a waiting device may fit with idle moves now (§5.7)
 
     @property
     def key(self) -> DeviceKey:

@@ -102,7 +102,9 @@ class Cluster:
         self.held_of_class, self.held_units, self.unmanaged_units, self.taken_units = (
             c.held_of_class, c.held_units, c.unmanaged_units, c.taken_units,
         )  # fmt: skip
-        self.best_fit, self.most_units, self.nodes_with = c.best_fit, c.most_units, c.nodes_with
+        self.best_fit, self.reach_fit, self.most_units, self.nodes_with = (
+            c.best_fit, c.reach_fit, c.most_units, c.nodes_with,
+        )  # fmt: skip
         self.use_in, self.names_device, self.vmi_exists, self.set_of, self.vm_of = (
             self._budgets.use_in, self._vmis.names_device, self._vmis.vmi_exists, self._vmis.set_of, self._vmis.vm_of,
         )  # fmt: skip
@@ -151,11 +153,11 @@ class Cluster:
         self._capacity.take_room()
 
     def _change(self, kind: Kind, namespace: str, name: str, deleted: bool) -> Change:
-        room, served = self._capacity.take_room()
+        room, served, reach = self._capacity.take_room()
         return Change(
             kind, namespace, name, deleted, self._changed,
             frozenset(self._nodes_touched), frozenset(self._namespaces_touched), self._all_nodes,
-            frozenset(room), frozenset(served), frozenset(self._pods.take_ended()),
+            frozenset(room), frozenset(served), frozenset(self._pods.take_ended()), frozenset(reach),
         )  # fmt: skip
 
     # -- devices -----------------------------------------------------------------------
@@ -191,7 +193,7 @@ class Cluster:
             if node not in self.nodes:
                 self._gone_nodes.add(node)
             if device.holds_gpus:
-                self._capacity.count(key, node, device.spec.class_name, device.spec.count)
+                self._capacity.count(key, node, device.spec.class_name, device.spec.count, device.idle)
         if device.in_use:
             self._budgets.add_use(key[0], device.spec.class_name, device.spec.count)
 
@@ -213,12 +215,12 @@ class Cluster:
                     self._unmanaged.recount(d.status.node_name)
 
     def _recount_class(self, class_name: str) -> None:
-        """A class appeared, went or changed its resource: its Bound devices are counted anew."""
+        """A class appeared, went or changed its resource or idle moves: its Bound devices are counted anew."""
         for key in self._devices.keys_of_class(class_name):
             device = self.devices[key]
             self._capacity.uncount(key)
             if device.holds_gpus and device.status.node_name:
-                self._capacity.count(key, device.status.node_name, class_name, device.spec.count)
+                self._capacity.count(key, device.status.node_name, class_name, device.spec.count, device.idle)
 
     # -- pods holding units (§1.3, §12) and VMIs (§6) ----------------------------------------
 
@@ -260,7 +262,8 @@ class Cluster:
         self._changed = True
         if old is not None and old.spec == cls.spec:
             return  # a re-delivered event or a metadata edit: nothing a decision reads
-        if old is None or old.spec.resource_name != cls.spec.resource_name:
+        counted = ("resource_name", "idle_moves")  # what a Bound device of the class is counted by
+        if old is None or any(getattr(old.spec, f) != getattr(cls.spec, f) for f in counted):
             self._recount_class(cls.name)
         self._class_changed()
 

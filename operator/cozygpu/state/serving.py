@@ -169,6 +169,10 @@ class ServingIndex:
         """The classes the node serves for new placements."""
         return self._serves.get(node, frozenset())
 
+    def served_with(self, node: str, resource: str) -> set[str]:
+        """The classes of the resource the node serves."""
+        return {c for c in self._serves.get(node, ()) if self._resource.get(c) == resource}
+
     def best_fit(self, cls: str, units: int) -> Iterator[str]:
         """Serving nodes with at least `units` free, fewest free first, then by name (§5.3): O(log n) to the first."""
         order = self._order.get(cls, [])

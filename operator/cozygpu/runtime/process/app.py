@@ -89,17 +89,10 @@ class Operator:
         self.ledger = Ledger(self.kube, self.namespace, ttl=settings.webhook_timeout + 10, cluster=self.cluster,
                              mine=self.reservations.holds_device,
                              budgets_required=settings.budgets_required)  # fmt: skip
-        self.binder = Binder(
-            self.cluster,
-            self.writer,
-            incomplete_after=settings.bind_timeout,
-            concurrency=connections,
-            reserved=self.reservations.orders,
-            budgets_required=settings.budgets_required,
-            events=self.events,
-            metrics=self.metrics,
-            ledger=self.ledger,
-        )
+        self.binder = Binder(self.cluster, self.writer, incomplete_after=settings.bind_timeout, concurrency=connections,
+                             reserved=self.reservations.orders, budgets_required=settings.budgets_required,
+                             events=self.events, metrics=self.metrics, ledger=self.ledger,
+                             idle_moves=settings.max_idle_moves)  # fmt: skip
         self.collector = Collector(self.cluster, self.writer, self.events, grace=settings.grace_period,
                                    sweep_interval=settings.sweep_interval,
                                    read_vm=lambda ns, name: self.kube.get_or_none(kinds.VM, name, ns))  # fmt: skip

@@ -23,11 +23,13 @@ from cozygpu.api.meta import now as utcnow
 from cozygpu.decisions import transitions
 from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.placement import NoPlacement, Placement, place
-from cozygpu.decisions.requests import Answer, Wait, assess
-from cozygpu.decisions.waiting import fits_now, in_turn, lost, must_decide, overtakes, to_decide
+from cozygpu.decisions.requests import Answer, Assessment, Wait, assess
+from cozygpu.decisions.waiting import fits_now, in_turn, lost, must_decide, oldest, overtakes, to_decide
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.ledger import Claim, Ledger
 from cozygpu.runtime.metrics import Metrics
+from cozygpu.runtime.workers import reports
+from cozygpu.runtime.workers.mover import Mover
 from cozygpu.runtime.workers.orders import Confirmations
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
@@ -56,8 +58,10 @@ class Binder:
         events: Recorder | None = None,
         metrics: Metrics | None = None,
         ledger: Ledger | None = None,
+        idle_moves: int = 0,
     ) -> None:
-        """`ledger`: where the binds that add use under a budget are confirmed across replicas (None: one replica)."""
+        """`ledger`: where the binds that add use under a budget are confirmed across replicas (None: one replica);
+        `idle_moves`: the most idle devices one placement may move to make room (§5.7; 0: never)."""
         self._cluster = cluster
         self._writer = writer
         self._incomplete_after = dt.timedelta(seconds=incomplete_after)
@@ -86,6 +90,8 @@ class Binder:
         self._confirmations = (
             Confirmations(cluster, writer, ledger, reserved, self._gained) if ledger is not None else None
         )
+        self.mover = Mover(cluster, writer, limit=idle_moves, clock=clock, events=events, gained=self._gained)
+        self._reach: set[str] = set()  # classes where idle moves may make room now (§5.7): their oldest retries
 
     def poke(self) -> None:
         self._wake.set()
@@ -94,7 +100,9 @@ class Binder:
         """A change in the view: a device may be new in the waiting room or carry a request, a class may have
         gained room or serving nodes; only what it names is decided again, and a change that names none of
         these (a VMI's status, a node's heartbeat, a budget) does not wake the binder at all."""
-        if not (change.room or change.served or (change.kind is kinds.GPU_DEVICE and not change.deleted)):
+        reach = change.reach if self.mover.limit > 0 else frozenset()
+        self._reach |= reach
+        if not (change.room or change.served or reach or (change.kind is kinds.GPU_DEVICE and not change.deleted)):
             return
         if change.kind is kinds.GPU_DEVICE and not change.deleted:
             key = (change.namespace, change.name)
@@ -162,20 +170,23 @@ class Binder:
                 continue
             # The slot first: nothing may change between the decision and its assumption in the view.
             await self._in_flight.acquire()
-            assessment = assess(
-                self._cluster,
-                request_id,
-                self._clock(),
-                self._incomplete_after,
-                self._reserved(),
-                budgets_required=self._budgets_required,
-            )
+            assessment = self._assess(request_id)
+            if isinstance(assessment, Answer) and await self._made_room(assessment.devices, assessment.outcome):
+                assessment = self._assess(request_id)  # §5.7: on the view with the moves written
             if isinstance(assessment, Answer):
                 self._answer(assessment)
                 continue
             self._in_flight.release()
             waiting = waiting or isinstance(assessment, Wait)
         return waiting
+
+    def _assess(self, request_id: str) -> Assessment:
+        return assess(self._cluster, request_id, self._clock(), self._incomplete_after, self._reserved(),
+                      budgets_required=self._budgets_required)  # fmt: skip
+
+    async def _made_room(self, devices: Sequence[GPUDevice], outcome: Placement | NoPlacement) -> bool:
+        """§5.7: the set fit on no node for want of free units, and idle moves made room for it."""
+        return isinstance(outcome, NoPlacement) and outcome.full and await self.mover.make_room(devices)
 
     def _requested_at(self, request_id: str) -> dt.datetime:
         for d in self._cluster.devices_of_request(request_id):
@@ -218,7 +229,7 @@ class Binder:
         try:
             if orders and self._confirmations is not None:
                 answer, news, tokens = await self._confirmations.confirmed(answer, news, tokens, orders)
-            outcome, request = answer.outcome, answer.request
+            request = answer.request
             results = await asyncio.gather(
                 *(self._write(new, token=t) for new, t in zip(news, tokens, strict=True)), return_exceptions=True
             )
@@ -233,33 +244,7 @@ class Binder:
             log.info("bind.retry", request_id=request.id, namespace=answer.namespace, devices=lost)
             self.poke()
             return
-        for device in answer.devices:
-            if isinstance(outcome, NoPlacement):
-                self._post(device, "Failed", f"VMI {request.vmi}: {outcome.message}")
-            elif device.holds_gpus and device.status.node_name != outcome.node:
-                self._post(
-                    device,
-                    "Moved",
-                    f"moved from node {device.status.node_name} to {outcome.node} for VMI {request.vmi}",
-                )
-            elif not device.holds_gpus:
-                self._post(device, "Bound", f"bound on node {outcome.node} for VMI {request.vmi}")
-        placed = isinstance(outcome, Placement)
-        if self._metrics is not None:
-            waited = max(0.0, (self._clock() - request.requested_at).total_seconds())
-            self._metrics.bind.labels("Succeeded" if placed else "Failed").observe(waited)
-        log.info(
-            "bind.answered",
-            request_id=request.id,
-            namespace=answer.namespace,
-            vmi=request.vmi,
-            devices=[d.name for d in answer.devices],
-            result="Succeeded" if placed else "Failed",
-            node=outcome.node if isinstance(outcome, Placement) else None,
-            moved=list(outcome.moves) if isinstance(outcome, Placement) else [],
-            message=outcome.message if isinstance(outcome, NoPlacement) else None,
-            duration_ms=round((time.monotonic() - started) * 1000, 1),
-        )
+        reports.answered(answer, self._events, self._metrics, self._clock(), started)
 
     # -- devices outside requests (§5.5, §5.6) -------------------------------
 
@@ -294,11 +279,11 @@ class Binder:
             self._first = False
             musts, room = in_turn(self._cluster), set()  # the order the view keeps: no sort of every device
         else:
-            musts = must_decide(self._cluster, self._served, self._fresh)
+            musts = must_decide(self._cluster, self._served, self._fresh | oldest(self._cluster, self._reach))
             if self._rest:
                 musts = list(heapq.merge(self._rest, musts, key=self._cluster.turn))
             room = self._room - self._served
-        self._fresh, self._room, self._served, self._rest = set(), set(), set(), []
+        self._fresh, self._room, self._served, self._reach, self._rest = set(), set(), set(), set(), []
         self._passed_over.clear()
         decided, at, for_room = 0, 0, False
         try:
@@ -349,6 +334,12 @@ class Binder:
             self._room.add(current.spec.class_name)
             return False
         outcome = place(self._cluster, [current])
+        if await self._made_room([current], outcome):
+            current = self._cluster.device(*key)
+            if current is None or self._cluster.assumed(*key) or not current.awaits_node:
+                self._in_flight.release()
+                return True
+            outcome = place(self._cluster, [current])  # §5.7: on the view with the moves written
         if self._metrics is not None:
             self._metrics.decisions.labels("Bound" if isinstance(outcome, Placement) else "Pending").inc()
         if isinstance(outcome, Placement):

@@ -1,0 +1,76 @@
+"""What the binder's decisions tell (§10): Events on devices, the bind histogram, and their log lines.
+
+Called by the binder (runtime.workers.binder) once an answer is written, and by its mover
+(runtime.workers.mover) once an idle move is. Events go to the tenant who owns the device and name
+no other tenant's objects (§14); the log, which only the platform team reads, says everything.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+
+import structlog
+
+from cozygpu.api import GPUDevice
+from cozygpu.decisions.idlemoves import Move
+from cozygpu.decisions.placement import NoPlacement, Placement
+from cozygpu.decisions.requests import Answer
+from cozygpu.runtime.events import Recorder
+from cozygpu.runtime.metrics import Metrics
+
+log = structlog.get_logger("cozygpu.binder")
+
+
+def answered(
+    answer: Answer, events: Recorder | None, metrics: Metrics | None, now: dt.datetime, started: float
+) -> None:
+    """A bind request's answer is written on every device of its set."""
+    outcome, request = answer.outcome, answer.request
+    for device in answer.devices:
+        if events is None:
+            break
+        if isinstance(outcome, NoPlacement):
+            events.post(device, "Failed", f"VMI {request.vmi}: {outcome.message}")
+        elif device.holds_gpus and device.status.node_name != outcome.node:
+            was = device.status.node_name
+            events.post(device, "Moved", f"moved from node {was} to {outcome.node} for VMI {request.vmi}")
+        elif not device.holds_gpus:
+            events.post(device, "Bound", f"bound on node {outcome.node} for VMI {request.vmi}")
+    placed = isinstance(outcome, Placement)
+    if metrics is not None:
+        waited = max(0.0, (now - request.requested_at).total_seconds())
+        metrics.bind.labels("Succeeded" if placed else "Failed").observe(waited)
+    log.info(
+        "bind.answered",
+        request_id=request.id,
+        namespace=answer.namespace,
+        vmi=request.vmi,
+        devices=[d.name for d in answer.devices],
+        result="Succeeded" if placed else "Failed",
+        node=outcome.node if isinstance(outcome, Placement) else None,
+        moved=list(outcome.moves) if isinstance(outcome, Placement) else [],
+        message=outcome.message if isinstance(outcome, NoPlacement) else None,
+        duration_ms=round((time.monotonic() - started) * 1000, 1),
+    )
+
+
+def moved_idle(move: Move, events: Recorder | None, room_for: Sequence[GPUDevice], room_on: str) -> None:
+    """§5.7: an idle device was moved to make room on its old node for the set `room_for` (named in the log alone)."""
+    device, d = move.device, room_for[0]
+    vmi = d.status.attached_to.vmi if d.status.attached_to is not None else None
+    log.info("device.moved", namespace=device.namespace, device=device.name, node=move.origin, to=move.to,
+             reason="idle", for_namespace=d.namespace, for_vmi=vmi, for_devices=[x.name for x in room_for])  # fmt: skip
+    if events is not None:
+        events.post(
+            device,
+            "Moved",
+            f"moved from node {move.origin} to {move.to} while attached to no VMI, to make room on {move.origin} "
+            "for an order that fit on no node (§5.7)",
+        )
+
+
+def move_failed(move: Move, error: BaseException | None) -> None:
+    log.info("device.move_failed", namespace=move.device.namespace, device=move.device.name, node=move.origin,
+             to=move.to, error=str(error) if error is not None else "someone wrote first")  # fmt: skip
