@@ -120,6 +120,10 @@ class MemKube:
         found = self._objects.get(self._key(kind, name, namespace))
         return copy.deepcopy(found) if found is not None else None
 
+    def stored_all(self, kind: Kind, namespace: str | None = None) -> builtins.list[Body]:
+        """Every object of the kind the API holds now, with no call recorded: for a test's checks mid-run."""
+        return self._list(kind, namespace)
+
     def count(self, method: str) -> int:
         return sum(1 for m, _, _ in self.calls if m == method)
 

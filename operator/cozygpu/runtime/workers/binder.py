@@ -22,14 +22,14 @@ from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.meta import now as utcnow
 from cozygpu.decisions import transitions
 from cozygpu.decisions.budgets import Order
-from cozygpu.decisions.placement import NoPlacement, Placement, place
+from cozygpu.decisions.placement import Placement, place
 from cozygpu.decisions.requests import Answer, Assessment, Wait, assess
 from cozygpu.decisions.waiting import fits_now, in_turn, lost, must_decide, oldest, overtakes, to_decide
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.ledger import Claim, Ledger
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.workers import reports
-from cozygpu.runtime.workers.mover import Mover
+from cozygpu.runtime.workers.mover import Mover, Room
 from cozygpu.runtime.workers.orders import Confirmations
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
@@ -171,8 +171,15 @@ class Binder:
             # The slot first: nothing may change between the decision and its assumption in the view.
             await self._in_flight.acquire()
             assessment = self._assess(request_id)
-            if isinstance(assessment, Answer) and await self._made_room(assessment.devices, assessment.outcome):
+            room = Room.NO_PLAN
+            if isinstance(assessment, Answer):
+                room = await self.mover.make_room(assessment.devices, assessment.outcome)
+            if room is Room.MADE:
                 assessment = self._assess(request_id)  # §5.7: on the view with the moves written
+            elif room is Room.FAILED:  # undecided: the next pass decides it on the view as the API has it
+                self._in_flight.release()
+                waiting = True
+                continue
             if isinstance(assessment, Answer):
                 self._answer(assessment)
                 continue
@@ -183,10 +190,6 @@ class Binder:
     def _assess(self, request_id: str) -> Assessment:
         return assess(self._cluster, request_id, self._clock(), self._incomplete_after, self._reserved(),
                       budgets_required=self._budgets_required)  # fmt: skip
-
-    async def _made_room(self, devices: Sequence[GPUDevice], outcome: Placement | NoPlacement) -> bool:
-        """§5.7: the set fit on no node for want of free units, and idle moves made room for it."""
-        return isinstance(outcome, NoPlacement) and outcome.full and await self.mover.make_room(devices)
 
     def _requested_at(self, request_id: str) -> dt.datetime:
         for d in self._cluster.devices_of_request(request_id):
@@ -334,10 +337,13 @@ class Binder:
             self._room.add(current.spec.class_name)
             return False
         outcome = place(self._cluster, [current])
-        if await self._made_room([current], outcome):
+        room = await self.mover.make_room([current], outcome)
+        if room is not Room.NO_PLAN:
             current = self._cluster.device(*key)
-            if current is None or self._cluster.assumed(*key) or not current.awaits_node:
+            if room is Room.FAILED or current is None or self._cluster.assumed(*key) or not current.awaits_node:
                 self._in_flight.release()
+                self._fresh.add(key)  # undecided: the next pass decides it on the view as the API has it
+                self._wake.set()
                 return True
             outcome = place(self._cluster, [current])  # §5.7: on the view with the moves written
         if self._metrics is not None:

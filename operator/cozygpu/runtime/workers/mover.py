@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import enum
 from collections.abc import Callable, Sequence
 
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions import transitions
 from cozygpu.decisions.idlemoves import plan_room
+from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.workers import reports
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
+
+
+class Room(enum.Enum):
+    NO_PLAN = "no plan"  # no moves within the limit make room: the order is decided as it stands
+    MADE = "made"  # every move is written: decide the order again, on the view with them
+    FAILED = "failed"  # a move did not land: the order stays undecided, and is decided again on the next pass
 
 
 class Mover:
@@ -44,14 +52,14 @@ class Mover:
         self._gained = gained
         self.moved = 0  # devices moved since start, for the bench and tests
 
-    async def make_room(self, devices: Sequence[GPUDevice]) -> bool:
-        """Plan and write the moves after which `devices` fit on one node; True when there were some and every
-        one is written. The log names the set the room is for; Events do not (§14)."""
-        if self.limit <= 0:
-            return False
+    async def make_room(self, devices: Sequence[GPUDevice], outcome: Placement | NoPlacement) -> Room:
+        """When `devices` fit on no node for want of free units (`outcome`), plan and write the moves after which
+        they fit on one. The log names the set the room is for; Events do not (§14)."""
+        if self.limit <= 0 or not isinstance(outcome, NoPlacement) or not outcome.full:
+            return Room.NO_PLAN
         plan = plan_room(self._cluster, devices, self.limit)
         if plan is None:
-            return False
+            return Room.NO_PLAN
         now = self._clock()
         news = [transitions.bound(m.device, m.to, now) for m in plan.moves]
         tokens = []
@@ -74,4 +82,4 @@ class Mover:
                 continue
             self.moved += 1
             reports.moved_idle(move, self._events, devices, plan.node)
-        return done
+        return Room.MADE if done else Room.FAILED
