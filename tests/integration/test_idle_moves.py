@@ -1,0 +1,108 @@
+"""§5.7 idle moves in the operator process, through the real API server.
+
+Two 8-unit nodes, each with a 2-unit device another tenant holds for a stopped VM (Bound, attached to no
+VMI): an 8-unit device fits on neither until one of those reservations moves. Each test has its own
+resource name and class, so other tests' nodes never compete for its units.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cozygpu.api import kinds
+from cozygpu.devcluster import nodes
+from cozygpu.devcluster.harness import OperatorProcess, logged, wait_for
+from cozygpu.kube.adapter import Kube
+from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu, wait_until_accounted
+from tests.support.operators import start_operator
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def operator(operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The operator without webhooks, with the default bound on idle moves per decision."""
+    process = start_operator(operator_kubeconfig, tmp_path_factory.mktemp("idle-moves"), "--no-webhooks")
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def other(kube: Kube) -> Iterator[str]:
+    """The tenant whose idle reservations move: a namespace of its own."""
+    name = f"o-{uuid.uuid4().hex[:8]}"
+    kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    yield name
+    kube.delete(kinds.NAMESPACE, name)
+
+
+def _status(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = kube.get(kinds.GPU_DEVICE, name, namespace).get("status", {})
+    return result
+
+
+def _bound_on(kube: Kube, namespace: str, name: str) -> str | None:
+    s = _status(kube, namespace, name)
+    return s.get("nodeName") if s.get("phase") == "Bound" else None
+
+
+def _cloud(kube: Kube, gpu: Gpu, gpu_node: GPUNodeFactory, other: str) -> dict[str, str]:
+    """Two 8-unit nodes with 6 free each and a 2-unit idle device of `other` on each; {device: node}."""
+    first = gpu_node({gpu.resource: 8}, name=f"a-{gpu.cls}")["metadata"]["name"]
+    second = gpu_node({gpu.resource: 2}, name=f"b-{gpu.cls}")["metadata"]["name"]
+    placed = {}
+    for name, where in (("idle-1", second), ("idle-2", first)):  # best fit: the 2-unit node first, then the other
+        kube.create(kinds.GPU_DEVICE, gpu_device_body(name, other, gpu.cls, 2))
+        placed[name] = wait_for(f"{name} bound", lambda n=name: _bound_on(kube, other, n))
+        assert placed[name] == where
+    nodes.set_gpus(kube, second, {gpu.resource: 8})
+    wait_until_accounted(kube, second, {gpu.resource: 8}, {})
+    return placed
+
+
+def test_an_eight_gpu_device_is_bound_after_one_idle_reservation_moves(
+    operator: OperatorProcess, kube: Kube, namespace: str, other: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§5.7: one idle device moves to the other node, the 8-unit device takes the node it left; no node holds
+    more than 8, the moved device's tenant gets a Moved Event that does not name the order, the log does."""
+    placed = _cloud(kube, gpu, gpu_node, other)
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("big", namespace, gpu.cls, 8))
+    home = wait_for("big bound", lambda: _bound_on(kube, namespace, "big"))
+    now = {name: _bound_on(kube, other, name) for name in placed}
+    moved = [name for name in placed if now[name] != placed[name]]
+    assert len(moved) == 1 and placed[moved[0]] == home and now[moved[0]] not in (None, home)
+    assert set(now.values()) == {now[moved[0]]}  # both idle reservations now share the other node
+
+    def told() -> list[dict[str, Any]]:
+        return [e for e in kube.list(kinds.kind("Event"), other) if e["reason"] == "Moved"]
+
+    (event,) = wait_for("a Moved Event", told)
+    assert event["involvedObject"]["name"] == moved[0] and "attached to no VMI" in event["message"]
+    assert namespace not in event["message"] and "big" not in event["message"]
+    line = logged(operator, "device.moved", lambda e: e["device"] == moved[0])[0]
+    assert line["for_namespace"] == namespace and line["for_devices"] == ["big"] and line["to"] == now[moved[0]]
+
+
+def test_a_class_that_forbids_idle_moves_leaves_the_eight_gpu_device_waiting(
+    operator: OperatorProcess, kube: Kube, namespace: str, other: str, gpu_node: GPUNodeFactory
+) -> None:
+    """GPUClass.spec.idleMoves: Never: its idle reservations stay and the order waits Pending, saying why."""
+    gpu = fresh_gpu()
+    kube.create(kinds.GPU_CLASS, gpu_class_body(gpu.cls, gpu.resource, idleMoves="Never"))
+    try:
+        placed = _cloud(kube, gpu, gpu_node, other)
+        kube.create(kinds.GPU_DEVICE, gpu_device_body("big", namespace, gpu.cls, 8))
+        message = wait_for("big pending", lambda: _status(kube, namespace, "big").get("phase") == "Pending"
+                           and _status(kube, namespace, "big").get("message"))  # fmt: skip
+        assert "8" in str(message)
+        # A Pending device is decided again only when room appears; nothing more happens to these.
+        assert {name: _bound_on(kube, other, name) for name in placed} == placed
+        assert not [e for e in kube.list(kinds.kind("Event"), other) if e["reason"] == "Moved"]
+    finally:
+        kube.delete(kinds.GPU_CLASS, gpu.cls)
