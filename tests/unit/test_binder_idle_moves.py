@@ -8,8 +8,12 @@ shows afterwards: where every device is, that no node holds more units than it h
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import defaultdict
 from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cozygpu.api import kinds
 from cozygpu.api.meta import now
@@ -193,3 +197,86 @@ def test_a_request_whose_move_lost_a_race_to_a_harmless_write_is_decided_again_a
     assert _api(kube)[("t1", "big")]["status"]["bindRequest"]["result"] == "Succeeded"
     assert _where(kube, "held1", OTHER) == "n2" and _api(kube)[(OTHER, "held1")]["metadata"]["labels"] == {"team": "x"}
     _never_over(kube)
+
+
+# -- the property: under random sequences of orders, starts, stops and deletions, the binder never moves an
+# -- attached device and never has a node hold more than it has, at any moment the API is looked at ---------
+
+Op = tuple[str, int]
+_ops = st.lists(
+    st.tuples(st.sampled_from(["order", "order", "start", "stop", "stop", "delete"]), st.integers(0, 63)),
+    min_size=4,
+    max_size=24,
+)
+
+
+async def _settled(view: View, kube: MemKube) -> None:
+    """Until the API stops changing and the view assumes nothing, checking every look that no node is over."""
+    last: object = None
+    for _ in range(400):
+        _never_over(kube)
+        now = sorted((k, d["metadata"]["resourceVersion"]) for k, d in _api(kube).items())
+        if now == last and not any(view.cluster.assumed(*k) for k, _ in now):
+            return
+        last = now
+        await asyncio.sleep(0.01)
+    raise AssertionError("the binder never settled: moves without end?")
+
+
+def _apply(view: View, kube: MemKube, op: Op, made: int) -> None:
+    """One tenant action, as the API and then the watch would see it."""
+    what, i = op
+    devices = sorted(_api(kube).items())
+    bound = [(k, d) for k, d in devices if (d.get("status") or {}).get("phase") == "Bound"]
+    if what == "order":
+        _seen(view, kube, device(f"o{made}", count=1 + i % 8 if i % 3 else 8, created=made))
+    elif what == "start" and (idle := [(k, d) for k, d in bound if "attachedTo" not in d["status"]]):
+        _, d = idle[i % len(idle)]
+        started = {**d["status"], "attachedTo": {"vmi": f"vm-{i}", "uid": f"u-{i}", "since": EPOCH.isoformat()}}
+        view.apply(kinds.GPU_DEVICE, kube.change(kinds.GPU_DEVICE, {**d, "status": started}, status=True))
+    elif what == "stop" and (running := [(k, d) for k, d in bound if "attachedTo" in d["status"]]):
+        _, d = running[i % len(running)]
+        stopped = {k: v for k, v in d["status"].items() if k != "attachedTo"}
+        view.apply(kinds.GPU_DEVICE, kube.change(kinds.GPU_DEVICE, {**d, "status": stopped}, status=True))
+    elif what == "delete" and devices:
+        (ns, name), _ = devices[i % len(devices)]
+        view.apply(kinds.GPU_DEVICE, kube.remove(kinds.GPU_DEVICE, name, ns), deleted=True)
+
+
+def _day(ops: list[Op]) -> Binder:
+    """Run the binder through `ops` on four 8-unit nodes; after each, check no device attached before it moved."""
+    binder, view, kube = _cloud(nodes=4)
+
+    async def day() -> None:
+        task = asyncio.create_task(binder.run())
+        try:
+            for made, op in enumerate(ops):
+                await _settled(view, kube)
+                _apply(view, kube, op, made)
+                pinned = {k: d["status"]["nodeName"] for k, d in _api(kube).items()
+                          if "attachedTo" in (d.get("status") or {})}  # fmt: skip
+                await _settled(view, kube)
+                after = _api(kube)
+                for k, where in pinned.items():
+                    assert k not in after or after[k]["status"]["nodeName"] == where, f"attached {k} moved"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(day())
+    return binder
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_ops)
+def test_no_attached_device_ever_moves_and_no_node_is_ever_over_allocated(ops: list[Op]) -> None:
+    """§5.7, §13.1: whatever tenants do in whatever order, a device attached to a VMI stays on its node while
+    attached, every look at the API finds no node over its units, and the binder comes to rest."""
+    _day(ops)
+
+
+def test_a_seeded_day_of_random_actions_makes_idle_moves_under_the_same_checks() -> None:
+    """The property is not vacuous: a long seeded sequence of the same actions does move idle devices."""
+    rng = random.Random(7)
+    ops = [(rng.choice(["order", "order", "start", "stop", "stop", "delete"]), rng.randrange(64)) for _ in range(80)]
+    assert _day(ops).mover.moved > 0
