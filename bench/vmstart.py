@@ -1,0 +1,224 @@
+"""Benchmark (§6.6, issue 22 item 4): the GPU cost of a VM start through KubeVirt (target: <= 0.5 s added at p99).
+
+On KubeVirt's tier of the local control plane (tests/support/kubevirt.py, as tests/kubevirt runs it):
+kube-apiserver, kube-scheduler, KubeVirt's own virt-api and virt-controller, the fake kubelet and
+virt-handler (cozygpu.devcluster.kubelet), and the operator with its webhooks (`cozygpu run --dev`, its own
+ServiceAccount under the chart's RBAC). Fake nodes as virt-handler leaves them, each with room for every VM.
+
+Measured: from a VirtualMachine's create (the call sent) to its virt-launcher pod bound to a node, i.e.
+`spec.nodeName` set by kube-scheduler's binding (seen on one watch of launcher pods across the cluster),
+for `--concurrency` VMs created at once, each with one held GPU (a GPUDevice the tenant holds, Bound
+before the rounds) and one template GPU (a device template in the VM, made at the VMI's admission);
+beside the same VMs without GPUs (no device annotation), in the same process and cluster. The two kinds
+alternate within each of `--rounds` rounds (which kind goes first alternates too), every VM of a batch
+stopped and deleted, and its VMI, pod and template device gone, before the next batch. One untimed
+warm-up batch of each kind first. Prints p50 and p99 of each kind, the difference and the ratio, and the
+p50 of the two legs (create to pod made: virt-controller and the VMI webhooks; pod made to bound: the pod
+webhook and kube-scheduler). p99 of 100 samples is the slowest but one. Asserts nothing.
+Run: `make bench` (or `python bench/vmstart.py --rounds 2`); loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' harness (tests/support)
+
+from tests.support import vms
+from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.kubevirt import Nodes, kubevirt_operator
+from tests.support.nodes import fresh_gpu
+
+from cozygpu.api import kinds
+from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
+from cozygpu.devcluster import binaries
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import wait_for
+from cozygpu.kube.adapter import ApiError, Body, Kube
+from cozygpu.kube.watch import Watch
+
+NAMESPACE = "tenant"
+LAUNCHER = "kubevirt.io=virt-launcher"  # virt-controller's label on every launcher pod
+VM_NAME = "vm.kubevirt.io/name"  # and the VMI's (so the VM's) name
+TARGET = 0.5  # seconds added at p99 (issue 22 item 4)
+
+
+class Seen:
+    """One watch of launcher pods across the cluster (resumed if the server ends it): when each VM's pod was first
+    seen, and first bound."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.made: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self._kube = kube
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._watch: Watch | None = None
+        self._thread = threading.Thread(target=self._loop, name="launcher-watch", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed.is_set():
+            with contextlib.suppress(ApiError, OSError):  # the stream cut: list and watch again
+                pods, version = self._kube.list_versioned(kinds.POD, label_selector=LAUNCHER)
+                for pod in pods:
+                    self._saw(pod, time.monotonic())
+                self._watch = self._kube.watch(kinds.POD, version, label_selector=LAUNCHER, timeout=1800)
+                for kind, pod in self._watch:
+                    if kind in ("ADDED", "MODIFIED"):
+                        self._saw(pod, time.monotonic())
+
+    def _saw(self, pod: Body, at: float) -> None:
+        vm = ((pod.get("metadata") or {}).get("labels") or {}).get(VM_NAME)
+        if vm is None:
+            return
+        with self._lock:
+            self.made.setdefault(vm, at)
+            if (pod.get("spec") or {}).get("nodeName"):
+                self.bound.setdefault(vm, at)
+
+    def bound_at(self, vm: str) -> float | None:
+        with self._lock:
+            return self.bound.get(vm)
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._watch is not None:
+            self._watch.close()
+
+
+def plain(body: Body) -> Body:
+    """The same VM without GPUs: no device annotation nor label on its template."""
+    meta = body["spec"]["template"]["metadata"]
+    meta["annotations"].pop(ANNOTATION_DEVICES)
+    meta["labels"].pop(LABEL_DEVICE_REFERENCE)
+    return body
+
+
+def batch(clients: list[Kube], seen: Seen, names: list[str], gpu_cls: str | None) -> list[tuple[float, float]]:
+    """Create one VM per name at once; wait until every launcher pod is bound. Each VM's (create to pod made,
+    create to pod bound), in seconds."""
+    sent: dict[str, float] = {}
+
+    def create(i: int) -> None:
+        name = names[i]
+        if gpu_cls is None:
+            body = plain(vms.vm_body(name, NAMESPACE, []))
+        else:
+            body = vms.vm_body(name, NAMESPACE, [vms.held(f"held-{i:02d}"), vms.template(gpu_cls)])
+        sent[name] = time.monotonic()
+        clients[i % len(clients)].create(kinds.VM, body)
+
+    with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
+        list(pool.map(create, range(len(names))))
+    wait_for(f"{len(names)} launcher pods bound", lambda: all(seen.bound_at(n) for n in names), timeout=120)
+    return [(seen.made[n] - sent[n], seen.bound[n] - sent[n]) for n in names]
+
+
+def clean(kube: Kube, names: list[str], gpu: bool) -> None:
+    """Delete the batch's VMs; wait until their VMIs, launcher pods and template devices are gone."""
+    for name in names:
+        kube.delete(kinds.VM, name, NAMESPACE)
+
+    def done() -> bool:
+        left = {p["metadata"].get("labels", {}).get(VM_NAME) for p in kube.list(kinds.POD, NAMESPACE)}
+        left |= {v["metadata"]["name"] for v in kube.list(kinds.VMI, NAMESPACE)}
+        left |= {v["metadata"]["name"] for v in kube.list(kinds.VM, NAMESPACE)}
+        if gpu:
+            left |= {d["metadata"]["name"].rsplit("-gpu-", 1)[0] for d in kube.list(kinds.GPU_DEVICE, NAMESPACE)}
+        return not left.intersection(names)
+
+    wait_for("the batch's VMs, VMIs, pods and template devices gone", done, timeout=120)
+
+
+def pct(samples: list[float], q: float) -> float:
+    return sorted(samples)[min(len(samples) - 1, int(q * len(samples)))]
+
+
+@contextlib.contextmanager
+def cluster(directory: Path) -> Iterator[ControlPlane | None]:
+    """KubeVirt's tier of the control plane and the operator on it; None where KubeVirt cannot be had."""
+    plane = ControlPlane(kubevirt=True)
+    try:
+        plane.start(timeout=180)
+    except binaries.KubeVirtUnavailable as e:
+        print(f"vmstart: skipped, KubeVirt is not available: {e}; see the README (KUBEVIRT_SRC or KUBEVIRT_ASSETS)")
+        yield None
+        return
+    try:
+        with contextlib.contextmanager(kubevirt_operator)(plane, directory):
+            yield plane
+    finally:
+        plane.stop()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--nodes", type=int, default=4)
+    args = p.parse_args()
+    started = time.monotonic()
+    n = args.concurrency
+    samples: dict[str, list[tuple[float, float]]] = {"gpu": [], "plain": []}
+    with tempfile.TemporaryDirectory() as tmp, cluster(Path(tmp)) as plane:
+        if plane is None:
+            return
+        kube = plane.kube()
+        ready = time.monotonic() - started
+        gpu = fresh_gpu()
+        kube.create(kinds.GPU_CLASS, gpu_class_body(gpu.cls, gpu.resource))
+        kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        made = Nodes(kube, gpu)
+        for _ in range(args.nodes):
+            made.add(2 * n)  # room on each for every VM's two devices, however the held ones are placed
+        for i in range(n):
+            kube.create(kinds.GPU_DEVICE, gpu_device_body(f"held-{i:02d}", NAMESPACE, gpu.cls))
+        for i in range(n):
+            vms.bound(kube, NAMESPACE, f"held-{i:02d}")
+        clients = [plane.kube() for _ in range(n)]
+        seen = Seen(kube)
+        try:
+            for r in range(args.rounds + 1):  # round 0 warms up, untimed
+                order = ("gpu", "plain") if r % 2 == 0 else ("plain", "gpu")
+                for kind in order:
+                    names = [f"{kind}-{r}-{i:02d}" for i in range(n)]
+                    got = batch(clients, seen, names, gpu.cls if kind == "gpu" else None)
+                    if r > 0:
+                        samples[kind] += got
+                    clean(kube, names, kind == "gpu")
+        finally:
+            seen.close()
+    report(samples, args, ready, time.monotonic() - started)
+
+
+def report(samples: dict[str, list[tuple[float, float]]], args: argparse.Namespace, ready: float, took: float) -> None:
+    gpu, none = ([s[1] for s in samples[k]] for k in ("gpu", "plain"))
+    print(f"VM start through KubeVirt: create to launcher pod bound (kube-scheduler), {args.concurrency} VMs at once")
+    print(f"x {args.rounds} rounds each kind, alternating; GPU VMs: 1 held + 1 template GPU each")
+    print(f"{'':<28}{'GPU VMs':>10}{'no GPUs':>10}{'added':>10}{'ratio':>8}")
+    for label, q in (("p50", 0.5), ("p99", 0.99)):
+        ours, peer = (statistics.median(s) if q == 0.5 else pct(s, q) for s in (gpu, none))
+        print(f"{label:<28}{ours * 1e3:>7.0f} ms{peer * 1e3:>7.0f} ms{(ours - peer) * 1e3:>7.0f} ms"
+              f"{ours / peer:>7.2f}x")  # fmt: skip
+    for label, leg in (("p50 create to pod made", 0), ("p50 pod made to bound", 1)):
+        ours, peer = (statistics.median([s[1] - s[0] if leg else s[0] for s in samples[k]]) for k in ("gpu", "plain"))
+        print(f"{label:<28}{ours * 1e3:>7.0f} ms{peer * 1e3:>7.0f} ms{(ours - peer) * 1e3:>7.0f} ms"
+              f"{ours / peer:>7.2f}x")  # fmt: skip
+    added = pct(gpu, 0.99) - pct(none, 0.99)
+    verdict = "within" if added <= TARGET else "over"
+    print(f"  target: <= {TARGET * 1e3:.0f} ms added at p99; {added * 1e3:.0f} ms, {verdict} it")
+    print(f"  samples: {len(gpu)} + {len(none)}; cluster ready in {ready:.0f} s, whole run {took:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
