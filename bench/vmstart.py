@@ -168,10 +168,13 @@ def cluster(directory: Path) -> Iterator[tuple[ControlPlane, OperatorProcess] | 
         print(f"vmstart: skipped: {e}; see the README (KUBEVIRT_SRC or KUBEVIRT_ASSETS)")
         yield None
         return
+    # The tier's fixture generator; its teardown (the operator stopped) runs on its next step, also after an error,
+    # and before the control plane stops: an operator left without its API server retries its cleanup for good.
+    operator = kubevirt_operator(plane, directory)
     try:
-        with contextlib.contextmanager(kubevirt_operator)(plane, directory) as operator:
-            yield plane, operator
+        yield plane, next(operator)
     finally:
+        next(operator, None)
         plane.stop()
 
 
