@@ -89,9 +89,10 @@ dev-cluster: venv control-plane
 
 # Figures, each beside its peer (prints, asserts nothing; never part of make test): the decision
 # paths in memory, a simulated day with idle moves and without (§5.7), the binder against
-# kube-scheduler, admission against its chain of writes and beside another tenant's largest VMIs.
+# kube-scheduler, admission against its chain of writes and beside another tenant's largest VMIs,
+# a VM start through KubeVirt beside one without GPUs.
 BENCH_SIZES ?= 1000:5000 5000:20000
-bench: venv
+bench: venv kubevirt
 	bash hack/build-control-plane.sh kube-scheduler >/dev/null
 	$(BIN)/python bench/placement.py --nodes 1000 --devices 5000
 	$(BIN)/python bench/placement.py --nodes 5000 --devices 20000 --tenants 10000
@@ -109,6 +110,7 @@ bench: venv
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/scale.py
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/failover.py
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/rolling.py
+	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh kube-scheduler | tail -n 1)" $(BIN)/python bench/vmstart.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .dev

@@ -1,0 +1,268 @@
+"""Benchmark (§6.6, issue 22 item 4): the GPU cost of a VM start through KubeVirt (target: <= 0.5 s added at p99).
+
+On KubeVirt's tier of the local control plane (tests/support/kubevirt.py, as tests/kubevirt runs it):
+kube-apiserver, kube-scheduler, KubeVirt's own virt-api and virt-controller, the fake kubelet and
+virt-handler (cozygpu.devcluster.kubelet), and the operator with its webhooks (`cozygpu run --dev`, its own
+ServiceAccount under the chart's RBAC). Fake nodes as virt-handler leaves them, each with room for every VM.
+
+Measured: from a VirtualMachine's create (the call sent) to its virt-launcher pod bound to a node, i.e.
+`spec.nodeName` set by kube-scheduler's binding (seen on one watch of launcher pods across the cluster),
+for `--concurrency` VMs created at once, each with one held GPU (a GPUDevice the tenant holds, Bound
+before the rounds) and one template GPU (a device template in the VM, made at the VMI's admission);
+beside the same VMs without GPUs (no device annotation), in the same process and cluster. The two kinds
+alternate within each of `--rounds` rounds (which kind goes first alternates too), every VM of a batch
+deleted (KubeVirt stops it), and its VMI, pod and template device gone, before the next batch. One untimed
+warm-up batch of each kind first. Prints p50 and p99 of each kind, the difference and the ratio, and the
+same for three legs, each as a second watch (of VMIs) and the pods' watch saw them: create to VMI made
+(virt-controller, virt-api's webhook and ours, which makes and binds the template device), VMI made to pod
+made (virt-controller's render, our pod webhook), pod made to bound (kube-scheduler). VMs without GPUs meet
+none of our webhooks (their object selectors and match conditions): that column is KubeVirt's own floor.
+Then the operator's own mean answer times in the timed rounds, from its /metrics histograms: its VMI
+webhook is called twice a VMI (reinvocationPolicy IfNeeded, after virt-api's mutating webhook). Read
+with it: virt-controller creates VMIs from 3 workers (its default --vm-controller-threads), so with 20 VMs
+at once a VMI's admission time is waited for again by the VMs queued behind it.
+p99 is the sample at rank floor(0.99 n): of 100, the slowest. Asserts nothing.
+Run: `make bench` (or `python bench/vmstart.py --rounds 2`); loopback only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import re
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' harness (tests/support)
+
+from tests.support import vms
+from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.kubevirt import Nodes, kubevirt_operator
+from tests.support.nodes import fresh_gpu
+
+from cozygpu.api import kinds
+from cozygpu.api.kinds import Kind
+from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
+from cozygpu.devcluster import binaries, identity
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube.adapter import ApiError, Body, Kube
+from cozygpu.kube.watch import Watch
+
+NAMESPACE = "tenant"
+LAUNCHER = "kubevirt.io=virt-launcher"  # virt-controller's label on every launcher pod
+VM_NAME = "vm.kubevirt.io/name"  # and the VMI's (so the VM's) name
+OF_A_VM = "kubevirt.io/vm"  # every VMI here: the label on the VM's template (tests/support/vms.py)
+TARGET = 0.5  # seconds added at p99 (issue 22 item 4)
+
+
+class Seen:
+    """One watch of a kind across the cluster (resumed if the server ends it): when each VM's object was first
+    seen, and first seen bound to a node (`spec.nodeName`, pods only)."""
+
+    def __init__(self, kube: Kube, kind: Kind, selector: str, key: str | None = None) -> None:
+        """`key`: the label naming the object's VM; else its name."""
+        self.made: dict[str, float] = {}
+        self.bound: dict[str, float] = {}
+        self._kube, self._kind, self._selector, self._key = kube, kind, selector, key
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._watch: Watch | None = None
+        self._thread = threading.Thread(target=self._loop, name=f"{kind.kind}-watch", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._closed.is_set():
+            with contextlib.suppress(ApiError, OSError):  # the stream cut: list and watch again
+                items, version = self._kube.list_versioned(self._kind, label_selector=self._selector)
+                for item in items:
+                    self._saw(item, time.monotonic())
+                self._watch = self._kube.watch(self._kind, version, label_selector=self._selector, timeout=1800)
+                for kind, item in self._watch:
+                    if kind in ("ADDED", "MODIFIED"):
+                        self._saw(item, time.monotonic())
+
+    def _saw(self, item: Body, at: float) -> None:
+        meta = item.get("metadata") or {}
+        vm = (meta.get("labels") or {}).get(self._key) if self._key else meta.get("name")
+        if vm is None:
+            return
+        with self._lock:
+            self.made.setdefault(vm, at)
+            if (item.get("spec") or {}).get("nodeName"):
+                self.bound.setdefault(vm, at)
+
+    def bound_at(self, vm: str) -> float | None:
+        with self._lock:
+            return self.bound.get(vm)
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._watch is not None:
+            self._watch.close()
+
+
+def plain(body: Body) -> Body:
+    """The same VM without GPUs: no device annotation nor label on its template."""
+    meta = body["spec"]["template"]["metadata"]
+    meta["annotations"].pop(ANNOTATION_DEVICES)
+    meta["labels"].pop(LABEL_DEVICE_REFERENCE)
+    return body
+
+
+Start = tuple[float, float, float]  # seconds from the VM's create to its VMI seen, its pod seen, its pod bound
+
+
+def batch(clients: list[Kube], seen: tuple[Seen, Seen], names: list[str], gpu_cls: str | None) -> list[Start]:
+    """Create one VM per name at once; wait until every launcher pod is bound. Each VM's Start."""
+    vmis, pods = seen
+    sent: dict[str, float] = {}
+
+    def create(i: int) -> None:
+        name = names[i]
+        if gpu_cls is None:
+            body = plain(vms.vm_body(name, NAMESPACE, []))
+        else:
+            body = vms.vm_body(name, NAMESPACE, [vms.held(f"held-{i:02d}"), vms.template(gpu_cls)])
+        sent[name] = time.monotonic()
+        clients[i % len(clients)].create(kinds.VM, body)
+
+    with concurrent.futures.ThreadPoolExecutor(len(clients)) as pool:
+        list(pool.map(create, range(len(names))))
+    wait_for(f"{len(names)} launcher pods bound", lambda: all(pods.bound_at(n) for n in names), timeout=120)
+    return [(vmis.made[n] - sent[n], pods.made[n] - sent[n], pods.bound[n] - sent[n]) for n in names]
+
+
+def clean(kube: Kube, names: list[str], gpu: bool) -> None:
+    """Delete the batch's VMs; wait until their VMIs, launcher pods and template devices are gone."""
+    for name in names:
+        kube.delete(kinds.VM, name, NAMESPACE)
+
+    def done() -> bool:
+        left = {p["metadata"].get("labels", {}).get(VM_NAME) for p in kube.list(kinds.POD, NAMESPACE)}
+        left |= {v["metadata"]["name"] for v in kube.list(kinds.VMI, NAMESPACE)}
+        left |= {v["metadata"]["name"] for v in kube.list(kinds.VM, NAMESPACE)}
+        if gpu:
+            left |= {d["metadata"]["name"].rsplit("-gpu-", 1)[0] for d in kube.list(kinds.GPU_DEVICE, NAMESPACE)}
+        return not left.intersection(names)
+
+    wait_for("the batch's VMs, VMIs, pods and template devices gone", done, timeout=120)
+
+
+def pct(samples: list[float], q: float) -> float:
+    return sorted(samples)[min(len(samples) - 1, int(q * len(samples)))]
+
+
+@contextlib.contextmanager
+def cluster(directory: Path) -> Iterator[tuple[ControlPlane, OperatorProcess] | None]:
+    """KubeVirt's tier of the control plane and the operator on it; None where KubeVirt cannot be had."""
+    plane = ControlPlane(kubevirt=True)
+    try:
+        plane.start(timeout=180)
+    except binaries.KubeVirtUnavailable as e:
+        print(f"vmstart: skipped: {e}; see the README (KUBEVIRT_SRC or KUBEVIRT_ASSETS)")
+        yield None
+        return
+    # The tier's fixture generator; its teardown (the operator stopped) runs on its next step, also after an error,
+    # and before the control plane stops: an operator left without its API server retries its cleanup for good.
+    operator = kubevirt_operator(plane, directory)
+    try:
+        yield plane, next(operator)
+    finally:
+        next(operator, None)
+        plane.stop()
+
+
+SERIES = re.compile(r'^cozygpu_(admission|bind)_duration_seconds_(sum|count)\{(?:.*webhook="([^"]+)")?.*\} (\S+)$')
+
+
+def answers(operator: OperatorProcess, token: str) -> dict[str, list[float]]:
+    """The operator's own latency histograms (its /metrics, §10): [sum, count] by webhook, and of binds."""
+    got: dict[str, list[float]] = {}
+    for line in operator.metrics(token).text.splitlines():
+        if m := SERIES.match(line):
+            entry = got.setdefault(f"{m[3]} webhook" if m[1] == "admission" else "bind", [0.0, 0.0])
+            entry[m[2] == "count"] += float(m[4])
+    return got
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--nodes", type=int, default=4)
+    args = p.parse_args()
+    started = time.monotonic()
+    n = args.concurrency
+    samples: dict[str, list[Start]] = {"gpu": [], "plain": []}
+    with tempfile.TemporaryDirectory() as tmp, cluster(Path(tmp)) as up:
+        if up is None:
+            return
+        plane, operator = up
+        kube = plane.kube()
+        token = identity.metrics_token(kube)
+        ready = time.monotonic() - started
+        gpu = fresh_gpu()
+        kube.create(kinds.GPU_CLASS, gpu_class_body(gpu.cls, gpu.resource))
+        kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+        made = Nodes(kube, gpu)
+        for _ in range(args.nodes):
+            made.add(2 * n)  # room on each for every VM's two devices, however the held ones are placed
+        for i in range(n):
+            kube.create(kinds.GPU_DEVICE, gpu_device_body(f"held-{i:02d}", NAMESPACE, gpu.cls))
+        for i in range(n):
+            vms.bound(kube, NAMESPACE, f"held-{i:02d}")
+        clients = [plane.kube() for _ in range(n)]
+        seen = (Seen(kube, kinds.VMI, OF_A_VM), Seen(kube, kinds.POD, LAUNCHER, VM_NAME))
+        try:
+            for r in range(args.rounds + 1):  # round 0 warms up, untimed
+                order = ("gpu", "plain") if r % 2 == 0 else ("plain", "gpu")
+                for kind in order:
+                    names = [f"{kind}-{r}-{i:02d}" for i in range(n)]
+                    got = batch(clients, seen, names, gpu.cls if kind == "gpu" else None)
+                    if r > 0:
+                        samples[kind] += got
+                    clean(kube, names, kind == "gpu")
+                if r == 0:
+                    warm = answers(operator, token)
+        finally:
+            for watch in seen:
+                watch.close()
+        spent = {k: [v[0] - warm.get(k, [0.0, 0.0])[0], v[1] - warm.get(k, [0.0, 0.0])[1]]
+                 for k, v in answers(operator, token).items()}  # fmt: skip
+    report(samples, spent, args, ready, time.monotonic() - started)
+
+
+def row(label: str, ours: float, peer: float) -> None:
+    print(f"{label:<30}{ours * 1e3:>7.0f} ms{peer * 1e3:>7.0f} ms{(ours - peer) * 1e3:>7.0f} ms{ours / peer:>7.2f}x")
+
+
+def report(
+    samples: dict[str, list[Start]], spent: dict[str, list[float]], args: argparse.Namespace, ready: float, took: float
+) -> None:
+    gpu, none = ([s[2] for s in samples[k]] for k in ("gpu", "plain"))
+    print(f"VM start through KubeVirt: create to launcher pod bound (kube-scheduler), {args.concurrency} VMs at once")
+    print(f"x {args.rounds} rounds each kind, alternating; GPU VMs: 1 held + 1 template GPU each")
+    print(f"{'':<30}{'GPU VMs':>10}{'no GPUs':>10}{'added':>10}{'ratio':>8}")
+    row("p50", pct(gpu, 0.5), pct(none, 0.5))
+    row("p99", pct(gpu, 0.99), pct(none, 0.99))
+    legs = (("create to VMI made", lambda s: s[0]), ("VMI made to pod made", lambda s: s[1] - s[0]),
+            ("pod made to bound", lambda s: s[2] - s[1]))  # fmt: skip
+    for label, leg in legs:
+        for q in (0.5, 0.99):
+            row(f"  {label}, p{q * 100:.0f}", *(pct([leg(s) for s in samples[k]], q) for k in ("gpu", "plain")))
+    means = [f"{k} {v[0] / v[1] * 1e3:.0f} ms ({v[1]:.0f})" for k, v in sorted(spent.items()) if v[1]]
+    print("the operator's own answers in the timed rounds, mean (its /metrics): " + ", ".join(means))
+    added = pct(gpu, 0.99) - pct(none, 0.99)
+    verdict = "within" if added <= TARGET else "over"
+    print(f"target: <= {TARGET * 1e3:.0f} ms added at p99; {added * 1e3:.0f} ms, {verdict} it")
+    print(f"samples: {len(gpu)} + {len(none)}; cluster ready in {ready:.0f} s, whole run {took:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
