@@ -95,6 +95,7 @@ def _run(args: argparse.Namespace) -> int:
         "max_devices_per_vmi": args.max_devices_per_vmi,
         "max_admissions_per_namespace": args.max_admissions_per_namespace,
         "max_idle_moves": args.max_idle_moves,
+        "idle_move_after": args.idle_move_after,
         "budgets_required": True if args.budgets_required else None,
         "crash_at_write": args.crash_at_write,
         "watch_timeout": args.watch_timeout,
@@ -169,6 +170,11 @@ def parser() -> argparse.ArgumentParser:
         "--max-idle-moves",
         type=int,
         help="idle held devices one placement may move to make room for an order (default 4; 0: never, §5.7)",
+    )
+    run.add_argument(
+        "--idle-move-after",
+        type=float,
+        help="seconds a held device must have been idle before it may move for someone else (default 120, §5.7)",
     )
     run.add_argument(
         "--pod-scan-interval", type=float, help="period of the list of every pod on a node, seconds (default 300)"

@@ -96,6 +96,14 @@ class Settings(BaseModel):
         description="Idle held devices one placement may move to other nodes to make room for an order that fits "
         "nowhere (§5.7); 0: never. A class may forbid it for its own devices (spec.idleMoves: Never).",
     )
+    idle_move_after: float = Field(
+        default=120,
+        ge=0,
+        le=86400,
+        description="Seconds a held device must have been idle (Bound, attached to no VMI) before it may move for "
+        "someone else (§5.7): a VM restarting or being started is never moved, and a moved device is idle anew, "
+        "so a tenant cannot make another's device move more often than this.",
+    )
     watch_timeout: int = Field(
         default=240,
         ge=1,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 from cozygpu.api import kinds
@@ -16,9 +17,13 @@ Body = dict[str, Any]
 NS = "t1"
 
 
-def writer(*, tombstones: int | None = None, crash_at: int = 0) -> tuple[Writer, View, MemKube]:
+def writer(
+    *, tombstones: int | None = None, crash_at: int = 0, clock: Callable[[], float] | None = None
+) -> tuple[Writer, View, MemKube]:
+    """`clock`: the view's, for how long devices have been idle (§5.7); the real monotonic clock if None."""
     kube = MemKube()
-    view = View(Cluster() if tombstones is None else Cluster(tombstones))
+    kw: dict[str, Any] = {"clock": clock} if clock is not None else {}
+    view = View(Cluster(**kw) if tombstones is None else Cluster(tombstones, **kw))
     # MemKube answers the calls the writer makes; the real adapter is the integration tiers' (§11).
     return Writer(view, cast(AsyncKube, kube), crash_at=crash_at), view, kube
 

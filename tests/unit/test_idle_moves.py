@@ -183,3 +183,57 @@ def test_a_plan_moves_only_idle_devices_of_classes_that_allow_it_and_overfills_n
     for name, info in c.nodes.items():
         assert held[name] <= info.allocatable[A10], f"node {name} overfilled"
     assert held[plan.node] + order[0].spec.count <= c.nodes[plan.node].allocatable[A10]
+
+
+def test_a_set_with_a_member_bound_on_a_node_is_planned_there_too() -> None:
+    """A VM start whose held device is Bound on X needs less on X: one move off X makes room there, and the
+    planner looks at X although X's reach is below the set's whole size."""
+    asked = request("r", "v", ["s", "v-gpu-1"], EPOCH)
+    c = cluster(nodes=[node("X", {A10: 8}), node("Y", {A10: 8})], classes=[gpu_class("a10")], devices=[
+        _idle("s", 2, "X", status=asked), device("v-gpu-1", count=2, template=True, status=asked),
+        _idle("o", 2, "X", namespace="other"), _idle("a", 4, "X", namespace="other", status=ATTACHED),
+        _idle("y", 6, "Y", namespace="other", status=ATTACHED),
+    ])  # fmt: skip
+    mine = [c.device("t1", "s"), c.device("t1", "v-gpu-1")]
+    assert all(d is not None for d in mine)
+    plan = plan_room(c, [d for d in mine if d is not None], limit=4)
+    assert plan is not None and plan.node == "X" and [(m.device.name, m.to) for m in plan.moves] == [("o", "Y")]
+
+
+def test_a_device_an_open_request_names_is_not_movable_before_it_carries_the_request() -> None:
+    """§4: the webhook writes a set's request device by device; a device named but not yet written is that VM's."""
+    c = cluster(nodes=[node("X", {A10: 8})], classes=[gpu_class("a10")], devices=[
+        _idle("h1", 2, "X", status=request("r", "v", ["h1", "h2"], EPOCH)), _idle("h2", 2, "X"),
+    ])  # fmt: skip
+    h2 = c.device("t1", "h2")
+    assert h2 is not None and h2.idle and not movable(c, h2)
+
+
+def test_a_device_moves_only_once_idle_long_enough_and_is_idle_anew_where_it_lands() -> None:
+    """§5.7: idle for less than the wait it stays; a move starts its wait again on the new node."""
+    t = [0.0]
+    c = Cluster(clock=lambda: t[0])
+    view = View(c)
+    for body in (node("X", {A10: 8}), node("Y", {A10: 8})):
+        view.apply(kinds.NODE, body)
+    view.apply(kinds.GPU_CLASS, gpu_class("a10"))
+    view.apply(kinds.GPU_DEVICE, _idle("b", 2, "X"))
+    b = c.device("t1", "b")
+    assert b is not None
+    t[0] = 59.0
+    assert not movable(c, b, idle_after=60)
+    t[0] = 61.0
+    assert movable(c, b, idle_after=60)
+    view.apply(kinds.GPU_DEVICE, _idle("b", 2, "Y"))  # moved
+    moved = c.device("t1", "b")
+    assert moved is not None and not movable(c, moved, idle_after=60) and movable(c, moved)
+
+
+def test_only_more_reach_is_news_not_a_device_recounted_where_it_was() -> None:
+    """§14.3: a label on an attached device (uncounted, counted again) raises no reach; its VM stopping does."""
+    c = cluster(nodes=[node("X", {A10: 8})], classes=[gpu_class("a10")],
+                devices=[_idle("held", 2, "X", status=ATTACHED)])  # fmt: skip
+    labelled = _idle("held", 2, "X", status=ATTACHED)
+    labelled["metadata"]["labels"] = {"team": "x"}
+    assert View(c).apply(kinds.GPU_DEVICE, labelled).reach == frozenset()
+    assert View(c).apply(kinds.GPU_DEVICE, _idle("held", 2, "X")).reach == {"a10"}

@@ -5,10 +5,13 @@ free (`NoPlacement.full`). Pure: it reads the view and returns a `RoomPlan`, or 
 most `limit` moves exists among the nodes it looks at.
 
 Only idle devices move (`GPUDevice.idle`: Bound, attached to no VMI, in no open request; never a template
-device), of classes that allow it (`GPUClass.spec.idleMoves`), never one of the set itself nor one whose
-write is in flight. Bounded per decision (§14.3): the nodes looked at are the first `LOOK_AT` in the view's
-reach order (free plus idle units, the fewest that could do first), each plan reads the few devices on
-its node, and each move's destination comes from the moved class's best-fit order.
+device), of classes that allow it (`GPUClass.spec.idleMoves`), idle for `idle_after` seconds at least (a
+VM restarting or being started detaches and attaches its held devices within moments; and a device moved
+is idle anew, so no tenant can make another's device move again and again), named by no open request
+(a set its webhook is still writing), never one of the set itself nor one whose write is in flight.
+Bounded per decision (§14.3): the nodes looked at are those of the set's own Bound members and the first
+`LOOK_AT` in the view's reach order (free plus idle units, the fewest that could do first), each plan
+reads the few devices on its node, and each move's destination comes from the moved class's best-fit order.
 """
 
 from __future__ import annotations
@@ -43,18 +46,23 @@ class RoomPlan:
     moves: tuple[Move, ...]
 
 
-def movable(cluster: Cluster, device: GPUDevice) -> bool:
-    """Whether §5.7 may move the device for someone else: idle, its class allows it, no write of ours on it."""
+def movable(cluster: Cluster, device: GPUDevice, idle_after: float = 0.0) -> bool:
+    """Whether §5.7 may move the device for someone else: idle for `idle_after` seconds, its class allows it, no
+    open request names it and no write of ours is on it."""
     cls = cluster.classes.get(device.spec.class_name)
     if cls is None or cls.spec.idle_moves is IdleMoves.NEVER or not device.idle:
         return False
-    return not cluster.assumed(device.namespace or "", device.name)
+    key = (device.namespace or "", device.name)
+    idle_for = cluster.idle_for(key)
+    if idle_for is None or idle_for < idle_after or cluster.named_by_open_request(*key):
+        return False
+    return not cluster.assumed(*key)
 
 
-def plan_room(cluster: Cluster, devices: Sequence[GPUDevice], limit: int) -> RoomPlan | None:
-    """The fewest moves (at most `limit`) after which one node takes the whole set: among the nodes looked at,
-    the plan with the fewest moves, then the fewest units left free on its node (bin-packing, §5.3), then by
-    name, so decisions are reproducible."""
+def plan_room(cluster: Cluster, devices: Sequence[GPUDevice], limit: int, idle_after: float = 0.0) -> RoomPlan | None:
+    """The fewest moves (at most `limit`) of devices idle `idle_after` seconds at least, after which one node takes
+    the whole set: among the nodes looked at, the plan with the fewest moves, then the fewest units left free on
+    its node (bin-packing, §5.3), then by name, so decisions are reproducible."""
     classes = classes_of(cluster, devices)
     if limit <= 0 or isinstance(classes, NoPlacement):
         return None
@@ -64,16 +72,25 @@ def plan_room(cluster: Cluster, devices: Sequence[GPUDevice], limit: int) -> Roo
     lead = max(sorted(total), key=lambda r: total[r])  # the resource the set needs most leads the search
     mine = {(d.namespace or "", d.name) for d in devices}
     best: tuple[tuple[int, int, str], RoomPlan] | None = None
-    for looked, name in enumerate(cluster.reach_fit(lead, total[lead])):
-        if looked >= LOOK_AT:
-            break
+    for name in _candidates(cluster, devices, lead, total[lead]):
         node = cluster.nodes.get(name)
         if node is None or not all(node_serves(cluster, node, c).ok for c in classes.values()):
             continue
-        plan = _plan_on(cluster, node, devices, classes, mine, limit=limit)
+        plan = _plan_on(cluster, node, devices, classes, mine, limit=limit, idle_after=idle_after)
         if plan is not None and (best is None or plan[0] < best[0]):
             best = plan
     return best[1] if best is not None else None
+
+
+def _candidates(cluster: Cluster, devices: Sequence[GPUDevice], lead: str, units: int) -> list[str]:
+    """The nodes where the set's own Bound members are (it needs less there), then the first `LOOK_AT` by reach."""
+    out = sorted({d.status.node_name for d in devices if d.holds_gpus and d.status.node_name})
+    for looked, name in enumerate(cluster.reach_fit(lead, units)):
+        if looked >= LOOK_AT:
+            break
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def _plan_on(
@@ -84,6 +101,7 @@ def _plan_on(
     mine: set[DeviceKey],
     *,
     limit: int,
+    idle_after: float,
 ) -> tuple[tuple[int, int, str], RoomPlan] | None:
     """Moves off `node` that leave the set room there: the largest idle devices first (the fewest moves to
     cover what is short), each to the fullest other node of its class that still takes it."""
@@ -99,7 +117,9 @@ def _plan_on(
     idle = [
         d
         for d in cluster.devices_on(node.name)
-        if d.status.node_name == node.name and (d.namespace or "", d.name) not in mine and movable(cluster, d)
+        if d.status.node_name == node.name
+        and (d.namespace or "", d.name) not in mine
+        and movable(cluster, d, idle_after)
     ]
     idle.sort(key=lambda d: (-d.spec.count, d.namespace or "", d.name))
     into: dict[tuple[str, str], int] = {}  # (node, resource) -> units this plan moves there

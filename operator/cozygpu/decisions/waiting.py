@@ -38,14 +38,19 @@ def must_decide(cluster: Cluster, served: Iterable[str], fresh: Iterable[DeviceK
     return sorted(picked.values(), key=cluster.turn)
 
 
-def oldest(cluster: Cluster, classes: Iterable[str]) -> set[DeviceKey]:
-    """The oldest waiting device of each class, whatever its count: where idle moves may make room for some
-    device of a class, its oldest is decided again (§5.5, §5.7). O(counts waiting) per class."""
+def oldest(cluster: Cluster, classes: Iterable[str], first: int = 4) -> set[DeviceKey]:
+    """The `first` oldest waiting devices of each class, whatever their counts: where idle moves may make room for
+    some device of a class, they are decided again (§5.5, §5.7), so one that no move can place does not keep a
+    younger one that some can waiting. O(first × counts waiting) per class."""
     out = set()
     for name in classes:
-        device = cluster.next_waiting(name, EVERY, None)
-        if device is not None:
+        after = None
+        for _ in range(first):
+            device = cluster.next_waiting(name, EVERY, after)
+            if device is None:
+                break
             out.add((device.namespace or "", device.name))
+            after = cluster.turn(device)
     return out
 
 

@@ -49,6 +49,12 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.idle_moves = Tally(
+            "cozygpu_idle_moves_total",
+            "Idle held devices moved to make room for an order that fit on no node (§5.7), by result (Moved, Failed).",
+            ["result"],
+            registry=self.registry,
+        )
         self.registry.register(ViewCollector(cluster))
 
     def render(self) -> tuple[bytes, str]:

@@ -7,14 +7,17 @@ through the cluster's read-only surface. Every resource's nodes are kept ordered
 best fit costs O(log n), never a scan, and by reach (free units plus those idle held devices hold,
 which §5.7 may move away: `reach_fit`). Free units that change are news for waiting devices:
 `take_room` hands out the classes where one may fit now (§5.5), or may with idle moves (§5.7).
+A device a decision moves keeps its units on the node it leaves until the move's write is settled
+(`keep_origin`, `release_origin`): a move whose outcome is unknown frees nothing (§13.1).
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from cozygpu.api import GPUClass, IdleMoves
 from cozygpu.state.counts import add as _add
@@ -26,8 +29,14 @@ from cozygpu.state.tombstones import DEFAULT_LIMIT
 
 
 class Capacity:
-    def __init__(self, classes: Mapping[str, GPUClass], tombstones: int = DEFAULT_LIMIT) -> None:
+    def __init__(
+        self,
+        classes: Mapping[str, GPUClass],
+        tombstones: int = DEFAULT_LIMIT,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._classes = classes
+        self._clock = clock
         self.nodes: Store[str, NodeInfo] = Store(tombstones)
         # Nodes by the resources in their allocatable: placement looks only at nodes that have them.
         self._nodes_by_resource: dict[str, set[str]] = defaultdict(set)
@@ -38,6 +47,13 @@ class Capacity:
         self._counted: dict[DeviceKey, tuple[str, str, int, str, bool]] = {}
         # Of those, the units idle held devices hold that §5.7 may move (their class allows it).
         self._idle_res: dict[str, dict[str, int]] = {}
+        # Since when (the clock's reading) each idle device has been idle on its node (§5.7).
+        self._idle_since: dict[DeviceKey, tuple[str, float]] = {}
+        # Units of moved devices kept on the node they leave until their write settles (§13.1).
+        self._origin_res: dict[str, dict[str, int]] = {}
+        self._origins: dict[DeviceKey, tuple[str, str, int]] = {}
+        # Reach before this change, per (resource, node) it touched: `take_room` tells a rise alone.
+        self._reach_before: dict[tuple[str, str], int | None] = {}
         self._held_class: dict[str, int] = {}
         # Units pods the operator did not place hold per node and resource (§12): not free either.
         self._unmanaged_res: dict[str, dict[str, int]] = {}
@@ -57,8 +73,12 @@ class Capacity:
     def take_room(self) -> tuple[set[str], set[str], set[str]]:
         """The classes where a waiting device may fit now, those whose serving nodes changed, and those where one
         may fit with idle moves now (§5.7), since last asked."""
+        for (resource, node), before in self._reach_before.items():
+            now = self._reach_at.get((resource, node))
+            if now is not None and (before is None or now > before):
+                self._reach |= self.serving.served_with(node, resource)
         room, served, reach = self._room, self._served, self._reach
-        self._room, self._served, self._reach = set(), set(), set()
+        self._room, self._served, self._reach, self._reach_before = set(), set(), set(), {}
         return room, served, reach
 
     # -- writes (the cluster's only) ---------------------------------------------
@@ -113,6 +133,10 @@ class Capacity:
         per_node[resource] = per_node.get(resource, 0) + units
         if idle:
             _add(self._idle_res.setdefault(node, {}), resource, units)
+            if self._idle_since.get(key, ("", 0.0))[0] != node:  # idle from now, or anew on another node
+                self._idle_since[key] = (node, self._clock())
+        else:
+            self._idle_since.pop(key, None)
         self._held_class[class_name] = self._held_class.get(class_name, 0) + units
         self._reorder(node, resource)
 
@@ -136,6 +160,36 @@ class Capacity:
         self._reorder(node, resource)
 
     @writes
+    def forget(self, key: DeviceKey) -> None:
+        """The device is gone: uncounted, and nothing kept of it."""
+        self.uncount(key)
+        self._idle_since.pop(key, None)
+        self.release_origin(key)
+
+    @writes
+    def keep_origin(self, key: DeviceKey) -> None:
+        """A decision moves the counted device: its units stay taken on the node it leaves until `release_origin`."""
+        counted = self._counted.get(key)
+        if counted is None or key in self._origins:
+            return
+        node, resource, units = counted[:3]
+        self._origins[key] = (node, resource, units)
+        _add(self._origin_res.setdefault(node, {}), resource, units)
+        self._reorder(node, resource)
+
+    @writes
+    def release_origin(self, key: DeviceKey) -> None:
+        """The move's write is settled: the API's answer says where the units are."""
+        kept = self._origins.pop(key, None)
+        if kept is None:
+            return
+        node, resource, units = kept
+        _add(self._origin_res[node], resource, -units)
+        if not self._origin_res[node]:
+            del self._origin_res[node]
+        self._reorder(node, resource)
+
+    @writes
     def set_unmanaged(self, node: str, now: dict[str, int]) -> None:
         """The units pods the operator did not place hold on the node now, per resource."""
         before = self._unmanaged_res.pop(node, {})
@@ -156,17 +210,20 @@ class Capacity:
         """Put (free, node) and (reach, node) where they belong in the resource's orders, or take them out."""
         old = _unplace(self._by_free, self._free_at, resource, node)
         old_reach = _unplace(self._by_reach, self._reach_at, resource, node)
+        self._reach_before.setdefault((resource, node), old_reach)
         info = self.nodes.get(node)
         if info is not None and resource in info.allocatable:
-            taken = self._held_res.get(node, {}).get(resource, 0) + self._unmanaged_res.get(node, {}).get(resource, 0)
+            taken = sum(units.get(node, {}).get(resource, 0) for units in self._taking())
             now = info.free(resource, taken)
             reach = now + self._idle_res.get(node, {}).get(resource, 0)
             _place(self._by_free, self._free_at, resource, node, now)
             _place(self._by_reach, self._reach_at, resource, node, reach)
             if now != old:
                 self._room |= self.serving._units_changed(node, resource, now)
-            if old_reach is None or reach > old_reach:
-                self._reach |= self.serving.served_with(node, resource)
+
+    def _taking(self) -> tuple[dict[str, dict[str, int]], ...]:
+        """Per node and resource, what takes units: Bound devices, pods the operator did not place, moves in flight."""
+        return self._held_res, self._unmanaged_res, self._origin_res
 
     # -- reads -------------------------------------------------------------------
 
@@ -192,11 +249,18 @@ class Capacity:
         return dict(self._unmanaged_res.get(node, {}))
 
     def taken_units(self, node: str) -> dict[str, int]:
-        """Units not free on the node per resource: held by Bound devices or by pods the operator did not place."""
-        taken = dict(self._held_res.get(node, {}))
-        for resource, units in self._unmanaged_res.get(node, {}).items():
-            taken[resource] = taken.get(resource, 0) + units
+        """Units not free on the node per resource: held by Bound devices, by pods the operator did not place, or
+        by a device whose move away is still being written."""
+        taken: dict[str, int] = {}
+        for per_node in self._taking():
+            for resource, units in per_node.get(node, {}).items():
+                taken[resource] = taken.get(resource, 0) + units
         return taken
+
+    def idle_for(self, key: DeviceKey) -> float | None:
+        """Seconds since the device turned idle where it is (§5.7), by the view's clock; None: not idle."""
+        since = self._idle_since.get(key)
+        return self._clock() - since[1] if since is not None else None
 
     def best_fit(self, resource: str, units: int) -> Iterator[str]:
         """Nodes with at least `units` free of the resource, fewest free first, then by name: where

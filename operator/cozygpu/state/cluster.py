@@ -16,6 +16,7 @@ uids and references), `state.store` (one per kind, with versions and tombstones)
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,10 +43,11 @@ KINDS: tuple[Kind, ...] = VIEWED
 class Cluster:
     """Every object the decisions need, kept current from events; read-only outside runtime.view."""
 
-    def __init__(self, tombstones: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, tombstones: int = DEFAULT_LIMIT, clock: Callable[[], float] = time.monotonic) -> None:
+        """`clock`: seconds, for how long a device has been idle (§5.7)."""
         self._classes: Store[str, GPUClass] = Store(tombstones)
         self._devices = Devices(tombstones)
-        self._capacity = Capacity(self._classes.items, tombstones)
+        self._capacity = Capacity(self._classes.items, tombstones, clock)
         self._budgets = BudgetIndex(tombstones)  # budgets with what each covers and the use under each (§7)
         self._gpunodes: Store[str, GPUNode] = Store(tombstones)
         self._namespaces: Store[str, dict[str, str]] = Store(tombstones)  # their labels
@@ -92,6 +94,7 @@ class Cluster:
         self.device, self.device_removed, self.arrival, self.turn, self.devices_on, self.devices_in = (
             d.device, d.removed, d.arrival, d.turn, d.devices_on, d.devices_in,
         )  # fmt: skip
+        self.held_by_class, self.named_by_open_request = d.held_by_class, d.named_by_open_request
         self.devices_of_request, self.attached_to, self.devices_of_class = (
             d.devices_of_request, d.attached_to, d.devices_of_class,
         )  # fmt: skip
@@ -102,8 +105,8 @@ class Cluster:
         self.held_of_class, self.held_units, self.unmanaged_units, self.taken_units = (
             c.held_of_class, c.held_units, c.unmanaged_units, c.taken_units,
         )  # fmt: skip
-        self.best_fit, self.reach_fit, self.most_units, self.nodes_with = (
-            c.best_fit, c.reach_fit, c.most_units, c.nodes_with,
+        self.best_fit, self.reach_fit, self.most_units, self.nodes_with, self.idle_for = (
+            c.best_fit, c.reach_fit, c.most_units, c.nodes_with, c.idle_for,
         )  # fmt: skip
         self.use_in, self.names_device, self.vmi_exists, self.set_of, self.vm_of = (
             self._budgets.use_in, self._vmis.names_device, self._vmis.vmi_exists, self._vmis.set_of, self._vmis.vm_of,
@@ -135,6 +138,9 @@ class Cluster:
         self._begin()
         self._assumptions += 1
         self._assumed[key] = (version(device.metadata.resource_version), self._assumptions)
+        old = self._devices.store.get(key)
+        if old is not None and old.holds_gpus and old.status.node_name != device.status.node_name:
+            self._capacity.keep_origin(key)  # a move frees nothing until its write is settled (§13.1)
         self._store_device(key, device)
         return Assumption(self._assumptions, frozenset(self._capacity.take_room()[0]))
 
@@ -165,6 +171,8 @@ class Cluster:
     def _upsert_device(self, body: dict[str, Any]) -> None:
         device = GPUDevice.from_wire(body)
         key = (device.namespace or "", device.name)
+        if key not in self._assumed:
+            self._capacity.release_origin(key)  # what the API says now counts: a settled move's old node frees
         if not self._devices.store.news(key, device.metadata.resource_version):
             return
         assumed = self._assumed.get(key)
@@ -182,6 +190,7 @@ class Cluster:
     def _remove_device(self, key: DeviceKey, removal: str | None) -> None:
         old = self._devices.pop(key, removal)
         self._assumed.pop(key, None)
+        self._capacity.forget(key)
         if old is not None:
             self._uncount(key, old)
             self._touch(old, None)
@@ -353,15 +362,6 @@ class Cluster:
     def gone_nodes(self) -> list[str]:
         """Nodes that some device names but the view does not have, sorted."""
         return sorted(self._gone_nodes)
-
-    def held_by_class(self, node: str) -> dict[str, int]:
-        """Units held on the node by Bound devices, per class name (summed from the node's few devices;
-        decisions read the counters per resource, `held_units`)."""
-        out: dict[str, int] = {}
-        for d in self.devices_on(node):
-            if d.holds_gpus and d.status.node_name == node:
-                out[d.spec.class_name] = out.get(d.spec.class_name, 0) + d.spec.count
-        return out
 
     def budgets_covering(self, namespace: str) -> list[GPUBudget]:
         """Budgets whose limits apply to orders in the namespace (§1.4), by (namespace, name)."""

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from cozygpu.api import GPUDevice
+from cozygpu.state.counts import add as add_count
 from cozygpu.state.store import Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
@@ -42,6 +43,8 @@ class Devices:
         self._by_namespace: dict[str, set[DeviceKey]] = defaultdict(set)
         self._by_request: dict[str, set[DeviceKey]] = defaultdict(set)
         self._open_requests: dict[str, set[DeviceKey]] = defaultdict(set)
+        # Devices that open requests name, by how many carriers name them: a set half written by its webhook (§4).
+        self._named_open: dict[DeviceKey, int] = {}
         self._by_attachment: dict[DeviceKey, set[DeviceKey]] = defaultdict(set)  # (namespace, vmi) -> devices
         self._by_class: dict[str, set[DeviceKey]] = defaultdict(set)
         # Devices not Bound, first come first served (§5.5), kept in order rather than sorted per pass.
@@ -91,6 +94,8 @@ class Devices:
             self._by_request[request.id].add(key)
             if request.open:
                 self._open_requests[request.id].add(key)
+                for name in request.devices:
+                    add_count(self._named_open, (key[0], name), 1)
         if not device.holds_gpus:
             turn = self.turn(device)
             bisect.insort(self._turns, turn)
@@ -115,6 +120,9 @@ class Devices:
                 if not of_class:
                     del self._waiting[class_name]
         request = device.status.bind_request
+        if request is not None and request.open:
+            for name in request.devices:
+                add_count(self._named_open, (key[0], name), -1)
         attached = device.status.attached_to
         if attached is not None:
             _drop(self._by_attachment, (key[0], attached.vmi), key)
@@ -162,6 +170,15 @@ class Devices:
         for key in self._by_namespace.get(namespace, ()):
             yield items[key]
 
+    def held_by_class(self, node: str) -> dict[str, int]:
+        """Units held on the node by Bound devices, per class name (summed from the node's few devices;
+        decisions read the counters per resource, `held_units`)."""
+        out: dict[str, int] = {}
+        for d in self.devices_on(node):
+            if d.holds_gpus and d.status.node_name == node:
+                out[d.spec.class_name] = out.get(d.spec.class_name, 0) + d.spec.count
+        return out
+
     def devices_of_request(self, request_id: str) -> list[GPUDevice]:
         return [self.store.items[k] for k in self._by_request.get(request_id, ())]
 
@@ -174,6 +191,10 @@ class Devices:
 
     def keys_of_class(self, name: str) -> list[DeviceKey]:
         return list(self._by_class.get(name, ()))
+
+    def named_by_open_request(self, namespace: str, name: str) -> bool:
+        """Whether some open bind request names the device, whether or not it carries the request yet (§4)."""
+        return (namespace, name) in self._named_open
 
     def open_request_ids(self) -> list[str]:
         """Ids of bind requests that some device carries without a result."""

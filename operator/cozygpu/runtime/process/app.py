@@ -92,7 +92,7 @@ class Operator:
         self.binder = Binder(self.cluster, self.writer, incomplete_after=settings.bind_timeout, concurrency=connections,
                              reserved=self.reservations.orders, budgets_required=settings.budgets_required,
                              events=self.events, metrics=self.metrics, ledger=self.ledger,
-                             idle_moves=settings.max_idle_moves)  # fmt: skip
+                             idle_moves=settings.max_idle_moves, idle_after=settings.idle_move_after)  # fmt: skip
         self.collector = Collector(self.cluster, self.writer, self.events, grace=settings.grace_period,
                                    sweep_interval=settings.sweep_interval,
                                    read_vm=lambda ns, name: self.kube.get_or_none(kinds.VM, name, ns))  # fmt: skip

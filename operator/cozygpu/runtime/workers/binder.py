@@ -59,9 +59,10 @@ class Binder:
         metrics: Metrics | None = None,
         ledger: Ledger | None = None,
         idle_moves: int = 0,
+        idle_after: float = 0.0,
     ) -> None:
         """`ledger`: where the binds that add use under a budget are confirmed across replicas (None: one replica);
-        `idle_moves`: the most idle devices one placement may move to make room (§5.7; 0: never)."""
+        `idle_moves`, `idle_after`: how many idle devices one placement may move, idle how long (§5.7; 0: never)."""
         self._cluster = cluster
         self._writer = writer
         self._incomplete_after = dt.timedelta(seconds=incomplete_after)
@@ -90,7 +91,8 @@ class Binder:
         self._confirmations = (
             Confirmations(cluster, writer, ledger, reserved, self._gained) if ledger is not None else None
         )
-        self.mover = Mover(cluster, writer, limit=idle_moves, clock=clock, events=events, gained=self._gained)
+        self.mover = Mover(cluster, writer, limit=idle_moves, clock=clock, events=events, metrics=metrics,
+                           gained=self._gained, idle_after=idle_after)  # fmt: skip
         self._reach: set[str] = set()  # classes where idle moves may make room now (§5.7): their oldest retries
 
     def poke(self) -> None:
@@ -100,7 +102,7 @@ class Binder:
         """A change in the view: a device may be new in the waiting room or carry a request, a class may have
         gained room or serving nodes; only what it names is decided again, and a change that names none of
         these (a VMI's status, a node's heartbeat, a budget) does not wake the binder at all."""
-        reach = change.reach if self.mover.limit > 0 else frozenset()
+        reach = self.mover.heard(change.reach)
         self._reach |= reach
         if not (change.room or change.served or reach or (change.kind is kinds.GPU_DEVICE and not change.deleted)):
             return
@@ -136,7 +138,7 @@ class Binder:
                 except Exception:
                     log.exception("binder.step_failed")
                     waiting = True
-                timeout = 0.5 if waiting else None
+                timeout = self.mover.sooner(0.5 if waiting else None)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
         finally:
@@ -282,7 +284,8 @@ class Binder:
             self._first = False
             musts, room = in_turn(self._cluster), set()  # the order the view keeps: no sort of every device
         else:
-            musts = must_decide(self._cluster, self._served, self._fresh | oldest(self._cluster, self._reach))
+            reach = self._reach | self.mover.ripe()
+            musts = must_decide(self._cluster, self._served, self._fresh | oldest(self._cluster, reach))
             if self._rest:
                 musts = list(heapq.merge(self._rest, musts, key=self._cluster.turn))
             room = self._room - self._served

@@ -6,13 +6,18 @@ concurrently; the binder decides the order only after every move is written, so 
 Bound on its new node before the order uses the room, and a move that fails (someone attached the
 device first) leaves the order undecided and undoes nothing. Each moved device gets a `Moved` Event
 that names no other tenant's objects (§14) (runtime.workers.reports).
+
+A device moves only once idle for `idle_after` seconds (decisions.idlemoves), so the mover also tells the
+binder when classes whose devices turned idle are worth deciding again (`heard`, `ripe`, `sooner`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime as dt
 import enum
+import time
 from collections.abc import Callable, Sequence
 
 from cozygpu.api import GPUDevice, kinds
@@ -20,6 +25,7 @@ from cozygpu.decisions import transitions
 from cozygpu.decisions.idlemoves import plan_room
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.runtime.events import Recorder
+from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.workers import reports
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
@@ -40,24 +46,58 @@ class Mover:
         limit: int,
         clock: Callable[[], dt.datetime],
         events: Recorder | None = None,
+        metrics: Metrics | None = None,
         gained: Callable[[frozenset[str]], None] = lambda room: None,
+        idle_after: float = 0.0,
     ) -> None:
         """`limit`: the most moves one decision makes (0: never move); `gained`: room a move left on its
-        old node for other classes, handed to the binder's waiting room."""
+        old node for other classes, handed to the binder's waiting room; `idle_after`: seconds a device is
+        idle before it may move for someone else."""
         self._cluster = cluster
         self._writer = writer
         self.limit = limit
         self._clock = clock
         self._events = events
+        self._metrics = metrics
         self._gained = gained
+        self._idle_after = idle_after
+        # Classes whose devices turned idle, and when those devices may first move (monotonic), in time order.
+        self._ripening: collections.deque[tuple[float, frozenset[str]]] = collections.deque()
         self.moved = 0  # devices moved since start, for the bench and tests
+
+    def heard(self, reach: frozenset[str]) -> frozenset[str]:
+        """Classes where a device turned idle: those to decide again now (none, while moves must wait for the
+        device to have been idle a while: then `ripe` hands them out when it has)."""
+        if self.limit <= 0 or not reach:
+            return frozenset()
+        if not self._idle_after:
+            return reach
+        due = time.monotonic() + self._idle_after
+        if self._ripening and due - self._ripening[-1][0] < 1.0:  # one wake a second at most
+            reach = self._ripening.pop()[1] | reach
+        self._ripening.append((due, reach))
+        return frozenset()
+
+    def ripe(self) -> frozenset[str]:
+        """Classes whose idle devices may move now, since last asked."""
+        out: frozenset[str] = frozenset()
+        while self._ripening and self._ripening[0][0] <= time.monotonic():
+            out |= self._ripening.popleft()[1]
+        return out
+
+    def sooner(self, timeout: float | None) -> float | None:
+        """The binder's wait, shortened to when the next idle devices may move."""
+        if not self._ripening:
+            return timeout
+        until = max(self._ripening[0][0] - time.monotonic(), 0.0)
+        return until if timeout is None else min(timeout, until)
 
     async def make_room(self, devices: Sequence[GPUDevice], outcome: Placement | NoPlacement) -> Room:
         """When `devices` fit on no node for want of free units (`outcome`), plan and write the moves after which
         they fit on one. The log names the set the room is for; Events do not (§14)."""
         if self.limit <= 0 or not isinstance(outcome, NoPlacement) or not outcome.full:
             return Room.NO_PLAN
-        plan = plan_room(self._cluster, devices, self.limit)
+        plan = plan_room(self._cluster, devices, self.limit, self._idle_after)
         if plan is None:
             return Room.NO_PLAN
         now = self._clock()
@@ -76,7 +116,10 @@ class Mover:
         )
         done = True
         for move, result in zip(plan.moves, results, strict=True):
-            if isinstance(result, BaseException) or not result.written:
+            written = not isinstance(result, BaseException) and result.written
+            if self._metrics is not None:
+                self._metrics.idle_moves.labels("Moved" if written else "Failed").inc()
+            if not written:
                 done = False
                 reports.move_failed(move, result if isinstance(result, BaseException) else None)
                 continue
