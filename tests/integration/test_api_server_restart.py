@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+import time
 from pathlib import Path
 
 from cozygpu.api import kinds
@@ -51,3 +54,26 @@ def test_the_operator_is_ready_again_soon_after_its_api_server_comes_back(
         assert bound == node
     finally:
         process.stop()
+
+
+def test_the_operator_stops_on_sigterm_while_its_api_server_is_down(
+    control_plane: ControlPlane, operator_kubeconfig: Path, tmp_path: Path
+) -> None:
+    """§10: SIGTERM with no API server to hand the Lease back to: the process still exits, its clean-up steps each
+    given up after a few seconds. Before, the Lease's release raised a connection error, kopf retried the
+    clean-up every minute, and further SIGTERMs were ignored: the process never ended."""
+    process = start_operator(operator_kubeconfig, tmp_path, "--no-webhooks", "--lease-duration", "60")
+    outage = threading.Thread(target=control_plane.restart_apiserver, kwargs={"down": 20})
+    try:
+        wait_for("ready", process.ready, timeout=30)
+        wait_for("leading", lambda: process.events("leader.acquired"), timeout=30)
+        outage.start()
+        time.sleep(1)  # the API server is gone
+        assert process.proc is not None
+        process.proc.send_signal(signal.SIGTERM)
+        exited = wait_for("the process to exit", lambda: process.proc is not None and process.proc.poll() is not None,
+                          timeout=15)  # fmt: skip
+        assert exited and process.events("operator.stopped")
+    finally:
+        process.stop()
+        outage.join()

@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import kopf
@@ -56,6 +56,7 @@ from cozygpu.settings import Settings
 from cozygpu.state.cluster import Change, Cluster
 
 log = structlog.get_logger("cozygpu.operator")
+CLEANUP_STEP = 3.0  # seconds each API call of the clean-up may take before it is given up
 
 
 def _free_port(host: str) -> int:
@@ -361,9 +362,11 @@ class Operator:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.ledger.close()
         await self.events.close()
+        # Best effort, each bounded: with no API server to answer, the process must still end (kopf retries a
+        # clean-up that raises, and a second SIGTERM is ignored once stopping).
         if self.leadership is not None:
-            await self.leadership.release()
-        await self.registration.unregister()
+            await _at_most(CLEANUP_STEP, "leader.release", self.leadership.release())
+        await _at_most(CLEANUP_STEP, "webhooks.unregister", self.registration.unregister())
         await self.health.stop()
         self.kube.close()
         log.info("operator.stopped")
@@ -387,3 +390,10 @@ class Operator:
             insecure=conn.insecure,
             default_namespace=conn.namespace,
         )
+
+
+async def _at_most(seconds: float, step: str, work: Awaitable[None]) -> None:
+    try:
+        await asyncio.wait_for(work, seconds)
+    except Exception as e:  # a connection refused, a timeout: the Lease expires on its own, configurations stay
+        log.warning("operator.cleanup_failed", step=step, error=str(e) or type(e).__name__)
