@@ -148,6 +148,8 @@ class Operator:
             guard=MetricsGuard(self.kube) if settings.metrics_auth else None,
         )
         self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
+        self.metrics.ready.set_function(lambda: float(self.readiness()[0]))
+        self.metrics.leader.set_function(lambda: float(self.deciding))
         self._not_leading = "not the leader yet"
         self.synced = False
         self.deciding = False  # the Lease holder's workers run (§10)
