@@ -66,8 +66,7 @@ def test_monitoring_renders_where_the_prometheus_operator_is_served_or_a_value_s
 
 
 def test_the_prometheus_rule_is_the_rule_file_with_the_values_applied(helm: Path, tmp_path: Path) -> None:
-    """Disabled alerts left out, ruleLabels on every alert, runbook_url at the base given; the rest as the file
-    says, and what renders is a rule file promtool accepts."""
+    """Disabled alerts out, ruleLabels on each, runbook_url at its base, the rest the file's; promtool loads it."""
     docs = render(helm, *SERVED, "--set", "monitoring.prometheusRule.ruleLabels.team=gpu,"
                   "monitoring.prometheusRule.disabled={CozyGPUOverBudget},"
                   "monitoring.prometheusRule.runbookBaseURL=https://wiki.example/gpu",
@@ -93,8 +92,7 @@ def test_the_prometheus_rule_is_the_rule_file_with_the_values_applied(helm: Path
 
 
 def test_the_service_monitor_scrapes_the_service_as_the_job_the_rules_read(helm: Path) -> None:
-    """It selects the Service by labels it has, on its http port, naming the job cozy-gpu-operator (the rules'
-    `up{job=...}`) whatever the release, honouring the operator's labels, with the monitor's labels set."""
+    """The Service's http port, the job the rules' `up` reads whatever the release, the operator's labels honoured."""
     docs = render(helm, *SERVED, "--set", "monitoring.serviceMonitor.labels.release=prom", release="other-name")
     [monitor] = of_kind(docs, "ServiceMonitor")
     [service] = of_kind(docs, "Service")
@@ -108,8 +106,7 @@ def test_the_service_monitor_scrapes_the_service_as_the_job_the_rules_read(helm:
 
 
 def test_the_scrape_sends_a_token_bound_to_the_metrics_reader(helm: Path) -> None:
-    """secret: a ServiceAccount bound to <release>-metrics-reader and its token Secret, sent by the monitor;
-    serviceAccount: Prometheus's own token, the ClusterRole bound to the subjects given; no auth: nothing."""
+    """secret: the chart's bound scraper's token; serviceAccount: Prometheus's own, subjects bound; no auth: none."""
     docs = render(helm, *SERVED)
     [monitor] = of_kind(docs, "ServiceMonitor")
     [secret] = [s for s in of_kind(docs, "Secret") if s["type"] == "kubernetes.io/service-account-token"]
@@ -160,9 +157,8 @@ def scraper_namespace(kube: Kube) -> Iterator[str]:
 def test_the_rendered_scraper_is_accepted_and_its_token_reads_the_operators_metrics(
     helm: Path, kube: Kube, operator: OperatorProcess, metrics_token: str, scraper_namespace: str
 ) -> None:
-    """The scraper's ServiceAccount, token Secret and binding (the release named as the dev identity, whose
-    metrics-reader ClusterRole `metrics_token` installs) are created; a token of that account gets 200, and 403
-    once the binding is gone."""
+    """The scraper's account, token Secret and binding are created; its token reads /metrics, and not once unbound."""
+    # The release is named as the dev identity, whose metrics-reader ClusterRole `metrics_token` installs.
     docs = render(helm, *SERVED, release=identity.NAME, namespace=scraper_namespace)
     account = next(a for a in of_kind(docs, "ServiceAccount") if a["metadata"]["name"].endswith("-metrics-scraper"))
     [secret] = [s for s in of_kind(docs, "Secret") if s["type"] == "kubernetes.io/service-account-token"]

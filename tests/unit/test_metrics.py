@@ -101,8 +101,8 @@ def waited(metrics: Metrics) -> dict[tuple[tuple[str, str], ...], float]:
 
 
 def test_the_longest_wait_per_class_and_phase_follows_the_devices_as_they_change() -> None:
-    """Per class and phase, the earliest Placed=False transition among waiting devices; Bound, undecided and
-    deleting devices do not wait; a placed or deleted device hands the figure to the next in line."""
+    """Per class and phase, the earliest Placed=False among Pending/Lost devices; the next in line once it goes."""
+    # Bound, undecided and deleting devices do not wait.
     at = [EPOCH + dt.timedelta(minutes=m) for m in range(6)]
     c = cluster(
         classes=[gpu_class("a10"), gpu_class("l40", L40S)],
