@@ -8,7 +8,9 @@ the binder places them. With KubeVirt: a VM naming two held devices and a templa
 entry starts on one node, stops, and starts again on the same GPUs; a VM asking for a
 taken device shows the refusal on its status. Without KubeVirt the same story is told
 with VMIs created directly, and the demo says so. Everything stops at the end, unless
-DEMO_KEEP=1 (`make demo DEMO_KEEP=1`) keeps it running until Ctrl-C; the logs and the
+DEMO_KEEP=1 (`make demo DEMO_KEEP=1`) keeps it running until Ctrl-C, with a real Prometheus
+scraping the operator as the chart's ServiceMonitor would (issue 23; where Debian's prometheus
+package is installed) for trying the chart's dashboard and alert queries; the logs and the
 kubeconfig stay in .dev/demo/ for a second look either way.
 """
 
@@ -24,7 +26,7 @@ from typing import Any
 
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
-from cozygpu.devcluster import binaries, identity, nodes
+from cozygpu.devcluster import binaries, identity, nodes, prometheus
 from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
@@ -189,6 +191,9 @@ def main() -> int:
         operator = OperatorProcess(operator_config, HERE / "operator.log", "--dev").start()
         try:
             print(f"ready: http://127.0.0.1:{operator.port}/readyz")
+            server = scraping(operator, kube) if os.environ.get("DEMO_KEEP") == "1" else None
+            if server is not None:
+                stack.callback(server.stop)
 
             say("the tenant holds GPUs: two devices of 1 unit and one of 3; the binder packs them")
             for name, count in (("train-a", 1), ("train-b", 1), ("big", 3)):
@@ -220,7 +225,7 @@ def main() -> int:
                 print(f"{event['event']} vmi={event['vmi']} {event.get('node') or event.get('reason')}"
                       f" in {event['duration_ms']} ms")  # fmt: skip
             if os.environ.get("DEMO_KEEP") == "1":
-                keep(kubeconfig, operator.log_path)
+                keep(kubeconfig, operator.log_path, server)
         finally:
             operator.stop()
         say("stopping the operator and the control plane")
@@ -229,9 +234,22 @@ def main() -> int:
     return 0
 
 
-def keep(kubeconfig: Path, log: Path) -> None:
+def scraping(operator: OperatorProcess, kube: Kube) -> prometheus.Prometheus | None:
+    """With DEMO_KEEP=1: a Prometheus scraping the operator with a metrics-reader token, the chart's alerts loaded."""
+    if prometheus.binary() is None:
+        print("no prometheus here (Debian's prometheus package): the demo keeps no Prometheus", flush=True)
+        return None
+    server = prometheus.Prometheus(HERE / "prometheus", [operator.port], identity.metrics_token(kube), "5s").start()
+    print(f"Prometheus {server.url} scrapes the operator's /metrics every 5s with a metrics-reader token", flush=True)
+    return server
+
+
+def keep(kubeconfig: Path, log: Path, server: prometheus.Prometheus | None) -> None:
     say("kept running until Ctrl-C: look around with any kubectl")
     print(f"kubectl --kubeconfig {kubeconfig} get gpudevices,gpunodes -A")
+    if server is not None:
+        print(f"Prometheus: {server.url} (the chart's alerts at {server.url}/alerts; the dashboard's queries are in "
+              "charts/cozy-gpu-operator/files/dashboards/cozy-gpu-operator.json)")  # fmt: skip
     print(f"tail -f {log}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         signal.pause()

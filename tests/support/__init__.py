@@ -5,6 +5,7 @@
 object. `refusals`: what a refused admission says and leaves. `invariants`: what must hold after any
 scenario. `nodes`, `operators`, `kubevirt`, `vms`, `tenants`, `webhooks`, `image`, `soak`: GPU nodes,
 operator processes, KubeVirt in the loop, VMs, hostile tenants, second webhooks, the built image and
-the reliability tier's tallies. `memkube`, `writing`, `workers`: an in-memory API and what the
+the reliability tier's tallies. `monitoring`: the chart's alert rules, dashboards and their queries.
+`memkube`, `writing`, `workers`: an in-memory API and what the
 writer's and the workers' fast unit tests build on it (in addition to the real-API tiers).
 """

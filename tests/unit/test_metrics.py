@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import Any
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from cozygpu.api import kinds
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
-from tests.support.views import A10, EPOCH, budget, cluster, device, gpu_class, node, request
+from tests.support.views import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, request
 
 
 def scrape(metrics: Metrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -83,3 +86,55 @@ def test_latencies_are_observed_by_webhook_and_result() -> None:
     assert ("cozygpu_admission_duration_seconds_count", (("result", "denied"), ("webhook", "vmi"))) not in scrape(
         Metrics(Cluster())
     )
+
+
+def placed_false(since: dt.datetime, reason: str = "Unschedulable") -> dict[str, Any]:
+    """A status's Placed condition as the binder writes it for a device that waits (decisions.transitions)."""
+    return {"conditions": [{"type": "Placed", "status": "False", "reason": reason, "message": "waiting",
+                            "lastTransitionTime": since.isoformat()}]}  # fmt: skip
+
+
+def waited(metrics: Metrics) -> dict[tuple[tuple[str, str], ...], float]:
+    """The longest-wait gauge's samples, by sorted labels."""
+    name = "cozygpu_devices_waiting_since_timestamp_seconds"
+    return {labels: v for (n, labels), v in scrape(metrics).items() if n == name}
+
+
+def test_the_longest_wait_per_class_and_phase_follows_the_devices_as_they_change() -> None:
+    """Per class and phase, the earliest Placed=False among Pending/Lost devices; the next in line once it goes."""
+    # Bound, undecided and deleting devices do not wait.
+    at = [EPOCH + dt.timedelta(minutes=m) for m in range(6)]
+    c = cluster(
+        classes=[gpu_class("a10"), gpu_class("l40", L40S)],
+        devices=[
+            device("second", phase="Pending", status=placed_false(at[2])),
+            device("first", phase="Pending", status=placed_false(at[1])),
+            device("gone-node", phase="Lost", node_name="n9", status=placed_false(at[0], "NodeLost")),
+            device("other", "l40", phase="Pending", status=placed_false(at[3])),
+            device("undecided"),
+            device("held", phase="Bound", node_name="n1"),
+        ],
+    )
+    metrics = Metrics(c)
+    a10, l40 = (("class", "a10"), ("phase", "Pending")), (("class", "l40"), ("phase", "Pending"))
+    lost = (("class", "a10"), ("phase", "Lost"))
+    assert waited(metrics) == {a10: at[1].timestamp(), lost: at[0].timestamp(), l40: at[3].timestamp()}
+
+    View(c).apply(kinds.GPU_DEVICE, device("first", phase="Bound", node_name="n1"))
+    deleting = device("other", "l40", phase="Pending", status=placed_false(at[3]))
+    deleting["metadata"] |= {"deletionTimestamp": at[5].isoformat(), "finalizers": ["x"]}
+    View(c).apply(kinds.GPU_DEVICE, deleting)
+    View(c).forget(kinds.GPU_DEVICE, "t1", "gone-node")
+    assert waited(metrics) == {a10: at[2].timestamp()}
+
+
+def test_readiness_and_leadership_are_read_from_the_process_at_scrape_time() -> None:
+    """0 until the process points them at its state; then whatever that state is when scraped."""
+    metrics = Metrics(Cluster())
+    assert scrape(metrics)[("cozygpu_ready", ())] == scrape(metrics)[("cozygpu_leader", ())] == 0
+    state = {"ready": True, "leading": False}
+    metrics.ready.set_function(lambda: float(state["ready"]))
+    metrics.leader.set_function(lambda: float(state["leading"]))
+    assert (scrape(metrics)[("cozygpu_ready", ())], scrape(metrics)[("cozygpu_leader", ())]) == (1, 0)
+    state["leading"] = True
+    assert scrape(metrics)[("cozygpu_leader", ())] == 1

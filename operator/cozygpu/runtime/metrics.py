@@ -1,9 +1,11 @@
 """Prometheus metrics (§10): latencies observed as they happen, the rest read at scrape time.
 
 `Metrics` owns its registry (no process-wide state). The Operator makes one, hands it to
-the binder and times its admission handlers with it; the health server serves it at
-`/metrics`. Gauges come from a collector over the cluster view and the statuses the
-accountant keeps there, so a scrape lists nothing from the API.
+the binder and times its admission handlers with it, and points `ready` and `leader` at its own
+state; the health server serves it at `/metrics`. Gauges come from a collector over the cluster
+view and the statuses the accountant keeps there, read from indexes the view keeps as it
+changes, so a scrape lists nothing from the API. The chart's alerts and dashboard
+(charts/cozy-gpu-operator/files) read these names.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, Histogram, generate_latest
 from prometheus_client import Counter as Tally
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -55,6 +57,12 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        # The process's own state, read at scrape time once the Operator points them at it (0 until then).
+        self.ready = Gauge("cozygpu_ready", "1 while /readyz answers 200 (leader or standby).", registry=self.registry)
+        self.leader = Gauge(
+            "cozygpu_leader", "1 while this replica holds the Lease and runs the binder's side (§10).",
+            registry=self.registry,
+        )  # fmt: skip
         self.registry.register(ViewCollector(cluster))
 
     def render(self) -> tuple[bytes, str]:
@@ -85,6 +93,14 @@ class ViewCollector(Collector):
         for (cls, phase), n in sorted(counts.items()):
             phases.add_metric([cls, phase], n)
         yield phases
+        since = GaugeMetricFamily(
+            "cozygpu_devices_waiting_since_timestamp_seconds",
+            "When the class's Pending (or Lost) device waiting longest began to wait, Unix seconds.",
+            labels=["class", "phase"],
+        )
+        for (cls, phase), at in sorted(c.waiting_since().items()):
+            since.add_metric([cls, phase.value], at.timestamp())
+        yield since
         yield GaugeMetricFamily(
             "cozygpu_bind_requests_open", "Bind requests some device carries without an answer.",
             value=len(c.open_request_ids()),

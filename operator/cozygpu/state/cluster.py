@@ -95,8 +95,8 @@ class Cluster:
             d.device, d.removed, d.arrival, d.turn, d.devices_on, d.devices_in,
         )  # fmt: skip
         self.held_by_class, self.named_by_open_request = d.held_by_class, d.named_by_open_request
-        self.devices_of_request, self.attached_to, self.devices_of_class = (
-            d.devices_of_request, d.attached_to, d.devices_of_class,
+        self.devices_of_request, self.attached_to, self.devices_of_class, self.waiting_since = (
+            d.devices_of_request, d.attached_to, d.devices_of_class, d.waiting_since,
         )  # fmt: skip
         self.open_request_ids, self.unbound_in_turn, self.waiting, self.next_waiting = (
             d.open_request_ids, d.unbound_in_turn, d.waiting, d.next_waiting,

@@ -4,7 +4,9 @@ Callers: `state.cluster` stores and forgets devices here (`put`, `pop`) and coun
 elsewhere (`state.capacity`, `state.budgets`); everything else reads through the cluster's
 read-only surface. Indexes are per node, namespace, bind request (all, and those still open),
 attachment and class; devices not Bound are kept in turn, and those the binder places on its
-own by class and count, so room for a class wakes only what fits (§14.3).
+own by class and count, so room for a class wakes only what fits (§14.3). Pending and Lost devices
+are also kept by when they began to wait, per class and phase, so the metrics read the longest wait
+without a scan (§10).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
 
-from cozygpu.api import GPUDevice
+from cozygpu.api import ConditionStatus, GPUDevice, Phase
+from cozygpu.api.names import CONDITION_PLACED
 from cozygpu.state.counts import add as add_count
 from cozygpu.state.store import Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
@@ -25,6 +28,8 @@ DeviceKey = tuple[str, str]  # (namespace, name)
 Turn = tuple[dt.datetime, int, str, str]  # §5.5: creation, first sight, namespace, name
 
 _LAST = dt.datetime.max.replace(tzinfo=dt.UTC)
+_WAITS = frozenset({Phase.PENDING, Phase.LOST})
+Since = tuple[dt.datetime, str, str]  # when it began to wait, namespace, name
 
 
 def _drop(index: dict[Any, set[DeviceKey]], value: Any, key: DeviceKey) -> None:
@@ -57,6 +62,9 @@ class Devices:
         # created within a second are told apart by when the watch delivered them.
         self._arrival: dict[DeviceKey, int] = {}
         self._arrivals = 0
+        # Pending and Lost devices by (class, phase), in the order they began to wait (`waiting_since`).
+        self._since: dict[tuple[str, Phase], list[Since]] = {}
+        self._since_of: dict[DeviceKey, tuple[tuple[str, Phase], Since]] = {}
 
     # -- writes (the cluster's only) ---------------------------------------------
 
@@ -104,8 +112,20 @@ class Devices:
                 class_name, count = device.spec.class_name, device.spec.count
                 bisect.insort(self._waiting.setdefault(class_name, {}).setdefault(count, []), turn)
                 self._waiting_at[key] = (class_name, count, turn)
+        since = _began_waiting(device)
+        if since is not None and device.status.phase is not None:  # a phase of _WAITS
+            line, entry = (device.spec.class_name, device.status.phase), (since, key[0], key[1])
+            bisect.insort(self._since.setdefault(line, []), entry)
+            self._since_of[key] = (line, entry)
 
     def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
+        since = self._since_of.pop(key, None)
+        if since is not None:
+            line, entry = since
+            entries = self._since[line]
+            del entries[bisect.bisect_left(entries, entry)]
+            if not entries:
+                del self._since[line]
         turn = self._turn_of.pop(key, None)
         if turn is not None:
             del self._turns[bisect.bisect_left(self._turns, turn)]
@@ -196,6 +216,10 @@ class Devices:
         """Whether some open bind request names the device, whether or not it carries the request yet (§4)."""
         return (namespace, name) in self._named_open
 
+    def waiting_since(self) -> dict[tuple[str, Phase], dt.datetime]:
+        """Per (class, phase), Pending or Lost: when the device waiting longest began to wait (§10's metric)."""
+        return {line: entries[0][0] for line, entries in self._since.items()}
+
     def open_request_ids(self) -> list[str]:
         """Ids of bind requests that some device carries without a result."""
         return list(self._open_requests)
@@ -222,3 +246,14 @@ class Devices:
             if at < len(line) and (best is None or line[at] < best):
                 best = line[at]
         return None if best is None else self.store.items[(best[2], best[3])]
+
+
+def _began_waiting(device: GPUDevice) -> dt.datetime | None:
+    """When a Pending or Lost device, not on its way out, began to wait: its Placed condition turned False then
+    (the binder writes it with the phase), or, without one, it was created. None for any other device."""
+    if device.status.phase not in _WAITS or device.deleting:
+        return None
+    placed = next((c for c in device.status.conditions if c.type == CONDITION_PLACED), None)
+    if placed is not None and placed.status is ConditionStatus.FALSE and placed.last_transition_time is not None:
+        return placed.last_transition_time
+    return device.metadata.creation_timestamp

@@ -149,6 +149,8 @@ class Operator:
             guard=MetricsGuard(self.kube) if settings.metrics_auth else None,
         )
         self.leadership = leadership.for_settings(settings, self.kube, on_lost=self._lost)
+        self.metrics.ready.set_function(lambda: float(self.readiness()[0]))
+        self.metrics.leader.set_function(lambda: float(self.deciding))
         self._not_leading = "not the leader yet"
         self.synced = False
         self.deciding = False  # the Lease holder's workers run (§10)
@@ -362,8 +364,7 @@ class Operator:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.ledger.close()
         await self.events.close()
-        # Best effort, each bounded: with no API server to answer, the process must still end (kopf retries a
-        # clean-up that raises, and a second SIGTERM is ignored once stopping).
+        # Each bounded: with no API server the process must still end (kopf retries a clean-up that raises).
         if self.leadership is not None:
             await _at_most(CLEANUP_STEP, "leader.release", self.leadership.release())
         await _at_most(CLEANUP_STEP, "webhooks.unregister", self.registration.unregister())
