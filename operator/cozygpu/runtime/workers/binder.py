@@ -29,7 +29,7 @@ from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.ledger import Claim, Ledger
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.workers import reports
-from cozygpu.runtime.workers.mover import Mover, Room
+from cozygpu.runtime.workers.mover import Mover
 from cozygpu.runtime.workers.orders import Confirmations
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
@@ -92,7 +92,8 @@ class Binder:
             Confirmations(cluster, writer, ledger, reserved, self._gained) if ledger is not None else None
         )
         self.mover = Mover(cluster, writer, limit=idle_moves, clock=clock, events=events, metrics=metrics,
-                           gained=self._gained, idle_after=idle_after)  # fmt: skip
+                           gained=self._gained, idle_after=idle_after,
+                           spawn=self._spawn, again=self._again)  # fmt: skip
         self._reach: set[str] = set()  # classes where idle moves may make room now (§5.7): their oldest retries
 
     def poke(self) -> None:
@@ -114,6 +115,10 @@ class Binder:
                 self._asked = True
         self._room |= change.room
         self._served |= change.served
+        self._wake.set()
+
+    def _again(self, keys: frozenset[DeviceKey]) -> None:
+        self._fresh |= keys
         self._wake.set()
 
     def _gained(self, room: frozenset[str]) -> None:
@@ -173,13 +178,8 @@ class Binder:
             # The slot first: nothing may change between the decision and its assumption in the view.
             await self._in_flight.acquire()
             assessment = self._assess(request_id)
-            room = Room.NO_PLAN
-            if isinstance(assessment, Answer):
-                room = await self.mover.make_room(assessment.devices, assessment.outcome)
-            if room is Room.MADE:
-                assessment = self._assess(request_id)  # §5.7: on the view with the moves written
-            elif room is Room.FAILED:  # undecided: the next pass decides it on the view as the API has it
-                self._in_flight.release()
+            if isinstance(assessment, Answer) and self.mover.make_room(assessment.devices, assessment.outcome):
+                self._in_flight.release()  # §5.7: decided once the moves made for it are written
                 waiting = True
                 continue
             if isinstance(assessment, Answer):
@@ -340,15 +340,9 @@ class Binder:
             self._room.add(current.spec.class_name)
             return False
         outcome = place(self._cluster, [current])
-        room = await self.mover.make_room([current], outcome)
-        if room is not Room.NO_PLAN:
-            current = self._cluster.device(*key)
-            if room is Room.FAILED or current is None or self._cluster.assumed(*key) or not current.awaits_node:
-                self._in_flight.release()
-                self._fresh.add(key)  # undecided: the next pass decides it on the view as the API has it
-                self._wake.set()
-                return True
-            outcome = place(self._cluster, [current])  # §5.7: on the view with the moves written
+        if self.mover.make_room([current], outcome):
+            self._in_flight.release()  # §5.7: decided again once the moves made for it are written
+            return True
         if self._metrics is not None:
             self._metrics.decisions.labels("Bound" if isinstance(outcome, Placement) else "Pending").inc()
         if isinstance(outcome, Placement):

@@ -1,10 +1,11 @@
 """Idle moves (§5.7), carried out: the binder's executor for a plan of `decisions.idlemoves`.
 
 Called by the binder alone, inside one decision (§5: serialised with every other), when a bind request
-or a waiting device fits nowhere. The moves are counted in the view at once (assumed) and written
-concurrently; the binder decides the order only after every move is written, so each moved device is
-Bound on its new node before the order uses the room, and a move that fails (someone attached the
-device first) leaves the order undecided and undoes nothing. Each moved device gets a `Moved` Event
+or a waiting device fits nowhere. The moves are counted in the view at once (assumed: on both nodes
+until written, state.capacity) and written in the background while the binder goes on with other
+decisions; the order is decided again once every move's write is done, so each moved device is Bound
+on its new node before the order uses the room, and a move that fails (someone attached the device
+first) undoes nothing: the order is decided again on the view as the API has it. Each moved device gets a `Moved` Event
 that names no other tenant's objects (§14) (runtime.workers.reports).
 
 A device moves only once idle for `idle_after` seconds (decisions.idlemoves), so the mover also tells the
@@ -16,25 +17,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
-import enum
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions import transitions
-from cozygpu.decisions.idlemoves import plan_room
+from cozygpu.decisions.idlemoves import RoomPlan, plan_room
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.workers import reports
 from cozygpu.runtime.writes import Writer
-from cozygpu.state.cluster import Cluster
-
-
-class Room(enum.Enum):
-    NO_PLAN = "no plan"  # no moves within the limit make room: the order is decided as it stands
-    MADE = "made"  # every move is written: decide the order again, on the view with them
-    FAILED = "failed"  # a move did not land: the order stays undecided, and is decided again on the next pass
+from cozygpu.state.cluster import Cluster, DeviceKey
 
 
 class Mover:
@@ -49,10 +44,13 @@ class Mover:
         metrics: Metrics | None = None,
         gained: Callable[[frozenset[str]], None] = lambda room: None,
         idle_after: float = 0.0,
+        spawn: Callable[[Coroutine[Any, Any, None]], None] = lambda work: None,
+        again: Callable[[frozenset[DeviceKey]], None] = lambda keys: None,
     ) -> None:
         """`limit`: the most moves one decision makes (0: never move); `gained`: room a move left on its
         old node for other classes, handed to the binder's waiting room; `idle_after`: seconds a device is
-        idle before it may move for someone else."""
+        idle before it may move for someone else; `spawn`: the binder's, for the moves' writes (cancelled with it);
+        `again`: the set whose moves are written, or failed, to decide again."""
         self._cluster = cluster
         self._writer = writer
         self.limit = limit
@@ -61,6 +59,9 @@ class Mover:
         self._metrics = metrics
         self._gained = gained
         self._idle_after = idle_after
+        self._spawn = spawn
+        self._again = again
+        self._for: frozenset[DeviceKey] = frozenset()  # the sets whose moves are being written
         # Classes whose devices turned idle, and when those devices may first move (monotonic), in time order.
         self._ripening: collections.deque[tuple[float, frozenset[str]]] = collections.deque()
         self.moved = 0  # devices moved since start, for the bench and tests
@@ -92,37 +93,55 @@ class Mover:
         until = max(self._ripening[0][0] - time.monotonic(), 0.0)
         return until if timeout is None else min(timeout, until)
 
-    async def make_room(self, devices: Sequence[GPUDevice], outcome: Placement | NoPlacement) -> Room:
-        """When `devices` fit on no node for want of free units (`outcome`), plan and write the moves after which
-        they fit on one. The log names the set the room is for; Events do not (§14)."""
+    def make_room(self, devices: Sequence[GPUDevice], outcome: Placement | NoPlacement) -> bool:
+        """When `devices` fit on no node for want of free units (`outcome`), plan the moves after which they fit on
+        one, count them in the view and write them in the background; True while moves for the set are under way
+        (the binder decides the set again once they are written: `again`). The log names the set the room is
+        for; Events do not (§14)."""
+        keys = frozenset((d.namespace or "", d.name) for d in devices)
+        if not keys.isdisjoint(self._for):
+            return True  # moves made for it are still being written
         if self.limit <= 0 or not isinstance(outcome, NoPlacement) or not outcome.full:
-            return Room.NO_PLAN
+            return False
         plan = plan_room(self._cluster, devices, self.limit, self._idle_after)
         if plan is None:
-            return Room.NO_PLAN
+            return False
         now = self._clock()
         news = [transitions.bound(m.device, m.to, now) for m in plan.moves]
         tokens = []
         for new in news:
-            assumption = self._writer.assume(new)
+            assumption = self._writer.assume(new)  # counted on both nodes until written (state.capacity)
             tokens.append(assumption.token)
             self._gained(assumption.room)
-        results = await asyncio.gather(
-            *(
-                self._writer.replace_status(kinds.GPU_DEVICE, n.wire(), assumption=t)
-                for n, t in zip(news, tokens, strict=True)
-            ),
-            return_exceptions=True,
-        )
-        done = True
-        for move, result in zip(plan.moves, results, strict=True):
-            written = not isinstance(result, BaseException) and result.written
-            if self._metrics is not None:
-                self._metrics.idle_moves.labels("Moved" if written else "Failed").inc()
-            if not written:
-                done = False
-                reports.move_failed(move, result if isinstance(result, BaseException) else None)
-                continue
-            self.moved += 1
-            reports.moved_idle(move, self._events, devices, plan.node)
-        return Room.MADE if done else Room.FAILED
+        self._for |= keys
+        self._spawn(self._write(plan, news, tokens, devices, keys))
+        return True
+
+    async def _write(
+        self,
+        plan: RoomPlan,
+        news: list[GPUDevice],
+        tokens: list[int],
+        devices: Sequence[GPUDevice],
+        keys: frozenset[DeviceKey],
+    ) -> None:
+        try:
+            results = await asyncio.gather(
+                *(
+                    self._writer.replace_status(kinds.GPU_DEVICE, n.wire(), assumption=t)
+                    for n, t in zip(news, tokens, strict=True)
+                ),
+                return_exceptions=True,
+            )
+            for move, result in zip(plan.moves, results, strict=True):
+                written = not isinstance(result, BaseException) and result.written
+                if self._metrics is not None:
+                    self._metrics.idle_moves.labels("Moved" if written else "Failed").inc()
+                if not written:
+                    reports.move_failed(move, result if isinstance(result, BaseException) else None)
+                    continue
+                self.moved += 1
+                reports.moved_idle(move, self._events, devices, plan.node)
+        finally:
+            self._for -= keys
+            self._again(keys)  # on the view with the moves as the API has them: placed, or planned anew
