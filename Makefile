@@ -14,9 +14,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Regenerate crds/ from the models in operator/cozygpu/api.
+# Regenerate crds/ and the chart's crds/ (which `helm install` creates) from the models in operator/cozygpu/api.
 crds: venv
-	$(BIN)/cozygpu crds --dir crds
+	$(BIN)/cozygpu crds
 
 # The chart's generated files: the no-bypass policy (§12) and the webhooks' configurations, from
 # cozygpu.runtime.admission.policy and .chart; unit tests fail on drift.
@@ -53,7 +53,7 @@ lint: venv
 	$(BIN)/ruff format --check operator tests hack bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/cozygpu crds --dir crds --check
+	$(BIN)/cozygpu crds --check
 
 unit: venv
 	$(BIN)/pytest tests/unit
