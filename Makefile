@@ -19,8 +19,10 @@ crds: venv
 	$(BIN)/cozygpu crds
 
 # The chart's generated files: the no-bypass policy (§12) and the webhooks' configurations, from
-# cozygpu.runtime.admission.policy and .chart; unit tests fail on drift.
+# cozygpu.runtime.admission.policy and .chart, and values.schema.json from values.yaml and the operator's
+# settings (hack/chart-schema.py); unit tests and make lint fail on drift.
 chart-files: venv
+	$(BIN)/python hack/chart-schema.py
 	$(BIN)/python -c "from cozygpu.runtime.admission import policy; print(policy.chart_file(), end='')" \
 	  > charts/cozy-gpu-operator/files/no-bypass-policy.yaml
 	$(BIN)/python -c "from cozygpu.runtime.admission import chart; print(chart.chart_file(), end='')" \
@@ -54,6 +56,7 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/cozygpu crds --check
+	$(BIN)/python hack/chart-schema.py --check
 
 unit: venv
 	$(BIN)/pytest tests/unit
