@@ -108,7 +108,7 @@ def test_the_notes_say_what_was_installed_how_to_check_it_and_where_the_docs_are
         f"kubectl -n {NAMESPACE} rollout status deployment/{RELEASE}",
         f"kubectl get mutatingwebhookconfiguration,validatingwebhookconfiguration {RELEASE}",
         "kubectl get gpuclasses",
-        "helm show crds <the new chart> | kubectl apply --server-side --force-conflicts -f -",
+        "helm show crds <the new chart> | kubectl apply --server-side --field-manager=helm --force-conflicts -f -",
         "docs/operating.md",
     ):
         assert said in text, said
