@@ -180,6 +180,7 @@ def test_install_creates_the_crds_and_every_object_and_the_charts_rbac_suffices(
     for path in CHART_CRDS:
         assert kube.get_or_none(kinds.CRD, yaml.safe_load(path.read_text())["metadata"]["name"]) is not None
     assert held(kube.get(kinds.GPU_DEVICE, "held", namespace)["status"]) == ("Bound", node, None)
+    assert kube.get_or_none(kinds.kind("ConfigMap"), "cozy-gpu-managed-resources", NAMESPACE)  # the operator's
 
 
 def previous_chart(directory: Path) -> Path:
