@@ -14,13 +14,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# Regenerate crds/ from the models in operator/cozygpu/api.
+# Regenerate crds/ and the chart's crds/ (which `helm install` creates) from the models in operator/cozygpu/api.
 crds: venv
-	$(BIN)/cozygpu crds --dir crds
+	$(BIN)/cozygpu crds
 
 # The chart's generated files: the no-bypass policy (§12) and the webhooks' configurations, from
-# cozygpu.runtime.admission.policy and .chart; unit tests fail on drift.
+# cozygpu.runtime.admission.policy and .chart, and values.schema.json from values.yaml and the operator's
+# settings (hack/chart-schema.py); unit tests and make lint fail on drift.
 chart-files: venv
+	$(BIN)/python hack/chart-schema.py
 	$(BIN)/python -c "from cozygpu.runtime.admission import policy; print(policy.chart_file(), end='')" \
 	  > charts/cozy-gpu-operator/files/no-bypass-policy.yaml
 	$(BIN)/python -c "from cozygpu.runtime.admission import chart; print(chart.chart_file(), end='')" \
@@ -53,7 +55,8 @@ lint: venv
 	$(BIN)/ruff format --check operator tests hack bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/cozygpu crds --dir crds --check
+	$(BIN)/cozygpu crds --check
+	$(BIN)/python hack/chart-schema.py --check
 
 unit: venv
 	$(BIN)/pytest tests/unit

@@ -5,7 +5,8 @@ Subcommands:
   dev-cluster  run a local control plane (etcd, kube-apiserver, our CRDs and
                KubeVirt's; with --kubevirt KubeVirt's controllers too) in the
                foreground and write an admin kubeconfig
-  crds         write the CRDs generated from the models to crds/ (or --check them)
+  crds         write the CRDs generated from the models to crds/ and the chart's crds/
+               (or --check both)
 """
 
 from __future__ import annotations
@@ -30,21 +31,29 @@ from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.runtime.process import handlers
 from cozygpu.settings import Settings
 
+# Where `cozygpu crds` writes (relative to the checkout, where make runs it): the CRDs for `kubectl apply`, and the
+# chart's copy, which `helm install` creates (issue 23 item 1). Both are the same text.
+CRD_DIRS = ("crds", "charts/cozy-gpu-operator/crds")
+
 
 def _crds(args: argparse.Namespace) -> int:
-    directory = Path(args.dir)
+    rendered = crdgen.rendered()
+    directories = [Path(d) for d in args.dir or CRD_DIRS]
     if args.check:
-        stale = [
-            name
-            for name, text in crdgen.rendered().items()
-            if not (directory / name).exists() or (directory / name).read_text() != text
-        ]
-        if stale:
-            print(f"CRDs in {directory} differ from the models: {', '.join(stale)}; run `make crds`")
-            return 1
-        return 0
-    for path in crdgen.write(directory):
-        print(path)
+        drift = []
+        for directory in directories:
+            stale = [
+                n for n, text in rendered.items() if not (directory / n).exists() or (directory / n).read_text() != text
+            ]
+            extra = sorted(p.name for p in directory.glob("*.yaml") if p.name not in rendered)
+            if stale or extra:
+                drift.append(f"{directory}: " + ", ".join([*stale, *(f"{n} (not generated)" for n in extra)]))
+        for line in drift:
+            print(f"CRDs differ from the models in {line}; run `make crds`")
+        return 1 if drift else 0
+    for directory in directories:
+        for path in crdgen.write(directory):
+            print(path)
     return 0
 
 
@@ -233,7 +242,9 @@ def parser() -> argparse.ArgumentParser:
     dev.set_defaults(func=_dev_cluster)
 
     crds = sub.add_parser("crds", help="write (or --check) the CRDs generated from the models")
-    crds.add_argument("--dir", default="crds")
+    crds.add_argument(
+        "--dir", action="append", help=f"a directory to write or check; repeatable (default: {', '.join(CRD_DIRS)})"
+    )
     crds.add_argument("--check", action="store_true")
     crds.set_defaults(func=_crds)
     return p

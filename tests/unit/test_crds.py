@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,7 @@ import pytest
 import yaml
 
 from cozygpu.api import KINDS, crdgen
+from cozygpu.cli import CRD_DIRS
 from cozygpu.runtime.admission import chart, policy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,13 +26,37 @@ def _schema(kind: str) -> dict[str, Any]:
     return schema
 
 
-def test_checked_in_crds_match_the_models() -> None:
-    """`make crds` output is what is checked in; a model change without it fails here."""
+@pytest.mark.parametrize("directory", CRD_DIRS)
+def test_checked_in_crds_match_the_models(directory: str) -> None:
+    """`make crds` output is what is checked in, in crds/ and in the chart's crds/ (issue 23 item 1); a model change
+    without it fails here."""
     rendered = crdgen.rendered()
-    on_disk = {p.name: p.read_text() for p in (REPO / "crds").glob("*.yaml")}
-    assert set(on_disk) == set(rendered), "crds/ holds other files than the models generate"
+    on_disk = {p.name: p.read_text() for p in (REPO / directory).glob("*.yaml")}
+    assert set(on_disk) == set(rendered), f"{directory} holds other files than the models generate"
     stale = [name for name, text in rendered.items() if on_disk[name] != text]
     assert not stale, f"run `make crds`: {stale} differ from the models"
+
+
+def crds(*args: str) -> subprocess.CompletedProcess[str]:
+    """`cozygpu crds` in a process of its own (the CLI configures logging for its process)."""
+    return subprocess.run([sys.executable, "-m", "cozygpu.cli", "crds", *args], capture_output=True, text=True,
+                          check=False)  # fmt: skip
+
+
+def test_the_crds_check_fails_on_drift_in_either_copy(tmp_path: Path) -> None:
+    """`cozygpu crds` writes every directory; `--check` (make lint) names a changed or foreign file in any of them."""
+    top, chart = tmp_path / "crds", tmp_path / "chart-crds"
+    dirs = ("--dir", str(top), "--dir", str(chart))
+    assert crds(*dirs).returncode == 0
+    assert crds(*dirs, "--check").returncode == 0
+    name = next(iter(crdgen.rendered()))
+    (chart / name).write_text((chart / name).read_text() + "# edited by hand\n")
+    (chart / "gpu.cozystack.io_gone.yaml").write_text("{}\n")
+    done = crds(*dirs, "--check")
+    assert done.returncode == 1
+    [line] = done.stdout.splitlines()
+    assert str(chart) in line and name in line and "gpu.cozystack.io_gone.yaml (not generated)" in line
+    assert str(top) not in line.replace(str(chart), "")
 
 
 def _walk(node: Any, path: str = "") -> list[str]:

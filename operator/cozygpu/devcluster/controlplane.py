@@ -67,13 +67,13 @@ def client_certificate(client: tls.KeyPair) -> dict[str, str]:
     return {"client-certificate-data": _b64(client.cert_pem), "client-key-data": _b64(client.key_pem)}
 
 
-def crd_manifests() -> list[dict[str, Any]]:
-    """Our CRDs (straight from the models) and all of KubeVirt's (from the test fixtures)."""
-    ours = [crdgen.crd(k) for k in KINDS]
+def crd_manifests(*, ours: bool = True) -> list[dict[str, Any]]:
+    """Our CRDs (straight from the models; unless `ours` is False) and all of KubeVirt's (from the test fixtures)."""
+    mine = [crdgen.crd(k) for k in KINDS] if ours else []
     # 4 MB of YAML: libyaml's loader reads it in a second, the pure-Python one in six.
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     theirs = [d for d in yaml.load_all(KUBEVIRT_CRDS.read_text(), Loader=loader) if d]
-    return ours + theirs
+    return mine + theirs
 
 
 class ControlPlane:
@@ -85,11 +85,16 @@ class ControlPlane:
         verbose: bool = False,
         controllers: tuple[str, ...] = (),
         kubevirt: bool = False,
+        ours: bool = True,
+        apiserver_flags: tuple[str, ...] = (),
     ) -> None:
         """`controllers`: kube-controller-manager controllers to run too (e.g. garbagecollector, namespace).
 
         `kubevirt`: KubeVirt in the loop as well (§11.1): kube-scheduler, virt-api, virt-controller
-        and a fake kubelet; raises `binaries.BinariesUnavailable` saying why when they cannot be had."""
+        and a fake kubelet; raises `binaries.BinariesUnavailable` saying why when they cannot be had.
+        `ours` False: our CRDs are left to the caller (the chart's install). `apiserver_flags`: more for
+        kube-apiserver."""
+        self._ours, self._apiserver_flags = ours, apiserver_flags
         self._bin_dir = bin_dir
         self._controllers = controllers
         self._with_kubevirt = kubevirt
@@ -274,6 +279,7 @@ class ControlPlane:
             "--profiling=false",
             f"--admission-control-config-file={self._admission_config(certs)}",
             f"--v={4 if self._verbose else 1}",
+            *self._apiserver_flags,
         ]
         proc = self.spawn("kube-apiserver", self._apiserver_argv)
         self.write_kubeconfig(self.kubeconfig_path)
@@ -359,7 +365,7 @@ class ControlPlane:
 
     def install_crds(self, deadline: float) -> None:
         kube = self.kube()
-        manifests = crd_manifests()
+        manifests = crd_manifests(ours=self._ours)
         for manifest in manifests:
             with contextlib.suppress(AlreadyExists):
                 kube.create(kinds.CRD, manifest)

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,10 +33,12 @@ Item = TypeVar("Item")
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: Path, log_path: Path, *extra: str) -> None:
+    def __init__(self, kubeconfig: Path, log_path: Path, *extra: str, env: Mapping[str, str] | None = None) -> None:
+        """`extra`: more flags for `cozygpu run`; `env`: COZYGPU_* variables (a Deployment's) over this process's."""
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.extra = extra
+        self.env = dict(env or {})
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -46,7 +48,7 @@ class OperatorProcess:
         argv = [sys.executable, "-m", "cozygpu.cli", "--log-format", "json", "run",
                 "--kubeconfig", str(self.kubeconfig), "--health-host", "127.0.0.1",
                 "--health-port", str(self.port), *self.extra]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
