@@ -74,6 +74,7 @@ class MemKube:
         self._uids = itertools.count(1)
         self._failures: list[_Failure] = []
         self._meanwhile: list[_Meanwhile] = []
+        self._holds: list[tuple[str, asyncio.Event]] = []
         self.calls: list[tuple[str, str, str]] = []  # (method, kind, name): what the tests count
 
     # -- the tests' hands ----------------------------------------------------
@@ -81,6 +82,12 @@ class MemKube:
     def fail_next(self, error: Exception, *, method: str | None = None, landed: bool = False) -> None:
         """The next call (of `method`, if given) raises `error`; with `landed`, after it took effect."""
         self._failures.append(_Failure(error, method, landed))
+
+    def hold_status_write(self, name: str) -> asyncio.Event:
+        """The next status write of an object of that name waits until the returned event is set: a slow API."""
+        gate = asyncio.Event()
+        self._holds.append((name, gate))
+        return gate
 
     def before_next(self, method: str, effect: Callable[[], object]) -> None:
         """Run `effect` (someone else's write, say) just before the next call of `method`: a race lost."""
@@ -207,6 +214,9 @@ class MemKube:
 
     async def replace_status(self, kind: Kind, body: Body) -> Body:
         name = body["metadata"]["name"]
+        for held in [h for h in self._holds if h[0] == name]:
+            self._holds.remove(held)
+            await held[1].wait()
         return self._call("replace_status", kind, name, lambda: self._replace(kind, body, status=True))
 
     async def patch(

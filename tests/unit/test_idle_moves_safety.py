@@ -228,3 +228,25 @@ def test_a_younger_order_one_move_would_place_is_not_kept_waiting_behind_an_olde
 
     assert _running(binder, scenario)
     assert _where(kube, "t1", "big") is None and all(units <= 8 for units in _held(kube).values())
+
+
+def test_other_tenants_are_answered_while_a_move_is_being_written() -> None:
+    """§14.3: the binder does not wait for an idle move's write: another tenant's request that fits as it is is
+    answered meanwhile, and the order the move was for is placed once it lands. Before, every decision waited."""
+    binder, view, kube = _cloud({"X": 8, "Y": 8, "Z": 2})
+    _seen(view, kube, device("b", count=2, namespace="b", phase="Bound", node_name="X"))
+    _seen(view, kube, device("c", count=4, namespace="c", phase="Bound", node_name="Y", status=_attached("vc")))
+
+    async def scenario() -> tuple[bool, bool, str | None]:
+        slow = kube.hold_status_write("b")
+        _seen(view, kube, device("eight", count=8, namespace="a", created=10))  # fits once b leaves X
+        moving = await _until(lambda: view.cluster.assumed("b", "b"))
+        _seen(view, kube, device("small", count=2, namespace="t3", phase="Pending",
+                                 status=request("r3", "v3", ["small"], now())))  # fmt: skip
+        answered = await _until(lambda: _result(kube, "t3", "small") is not None)
+        slow.set()
+        placed = await _until(lambda: _where(kube, "a", "eight") is not None)
+        return moving, answered and placed, _where(kube, "b", "b")
+
+    moving, both, b_on = _running(binder, scenario)
+    assert moving and both and b_on != "X" and all(units <= 8 for units in _held(kube).values())
