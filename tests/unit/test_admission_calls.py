@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from cozygpu.runtime.admission.vmi_webhook import gather_bounded
+from cozygpu.runtime.admission.calls import gather_bounded
 
 
 def test_no_more_calls_than_the_limit_are_in_flight_and_results_keep_their_order() -> None:

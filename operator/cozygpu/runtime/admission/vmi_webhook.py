@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import structlog
 
@@ -26,6 +26,7 @@ from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions import admission, attach, budgets, lifecycle
 from cozygpu.decisions.admission import Member
 from cozygpu.kube.adapter import ApiError
+from cozygpu.runtime.admission.calls import gather_bounded, gather_outcomes
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.events import Recorder
@@ -36,7 +37,6 @@ log = structlog.get_logger("cozygpu.webhook")
 
 CONFLICT_RETRIES = 5
 UNDO_TIMEOUT = 5.0  # seconds an undo may take before the refusal is answered; the collector has the rest
-T = TypeVar("T")
 
 
 class Refusal(Exception):
@@ -134,10 +134,6 @@ class VMIAdmission:
             refs = references.parse(vmi["metadata"].get("annotations"), self._max_devices)
         except references.ReferenceError as e:
             raise Refusal(str(e)) from None
-        if await self._vmi_named(namespace, name):
-            # §14.2: the API server answers AlreadyExists only after admission; whatever this call wrote would
-            # stay, attaching devices to the running VMI and moving its set under its guest.
-            raise Refusal(f"VMI {name} already exists in namespace {namespace}: a create of its name is not a new VMI")
         members = await self._resolve(namespace, name, refs)
         problem = (
             admission.duplicates(members)
@@ -183,8 +179,20 @@ class VMIAdmission:
             raise InternalError(f"reading {kind.kind} {namespace}/{name}: {e.message}") from None
 
     async def _resolve(self, namespace: str, vmi: str, refs: list[references.Ref]) -> list[Member]:
+        """§14.2, then §3.3 and §3.4, on one round of fresh reads: the VMI's name and every device at once, so
+        an admission waits for one API answer, not two in a row (issue 22 item 4). Judged in the rules' order:
+        a VMI of the name refuses the create whatever its devices are, even if reading them failed."""
         names = [r.name if isinstance(r, HeldRef) else template_device_name(vmi, i) for i, r in enumerate(refs)]
-        devices = await gather_bounded((self._get(namespace, n) for n in names), self._calls_in_flight)
+        reads = [self._read(kinds.VMI, namespace, vmi), *(self._read(kinds.GPU_DEVICE, namespace, n) for n in names)]
+        outcomes = await gather_outcomes(reads, self._calls_in_flight)
+        if isinstance(outcomes[0], Outcome) and outcomes[0].body is not None:
+            # §14.2: the API server answers AlreadyExists only after admission; whatever this call wrote would
+            # stay, attaching devices to the running VMI and moving its set under its guest.
+            raise Refusal(f"VMI {vmi} already exists in namespace {namespace}: a create of its name is not a new VMI")
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        devices = [_device(o.body) for o in outcomes[1:] if isinstance(o, Outcome)]
         members: list[Member] = []
         problems: list[str] = []
         for index, (ref, device) in enumerate(zip(refs, devices, strict=True)):
@@ -275,9 +283,6 @@ class VMIAdmission:
         """The VMI of this name fresh from the API: the view may not have heard of its creation, or of its
         deletion (a restart creates the name again at once)."""
         return (await self._read(kinds.VMI, namespace, name)).body
-
-    async def _vmi_named(self, namespace: str, name: str) -> bool:
-        return await self._read_vmi(namespace, name) is not None
 
     async def _vmi_exists(self, namespace: str, name: str, uid: str) -> bool:
         body = await self._read_vmi(namespace, name)
@@ -374,22 +379,6 @@ class VMIAdmission:
                 continue
             log.info("vmi.undo.cleared", device=name, request_id=request_id)
             return
-
-
-async def gather_bounded(calls: Iterable[Awaitable[T]], limit: int) -> list[T]:
-    """Await every call, at most `limit` at once, results in order; if any failed, raise the first failure
-    once all are done (so the undo sees every write that did land)."""
-    gate = asyncio.Semaphore(limit)
-
-    async def one(call: Awaitable[T]) -> T:
-        async with gate:
-            return await call
-
-    results = await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return [r for r in results if not isinstance(r, BaseException)]
 
 
 def _device(body: dict[str, Any] | None) -> GPUDevice | None:

@@ -83,8 +83,13 @@ class Informer:
         self.failing: str | None = None  # what failed, until a list succeeds again (for /readyz)
 
     def _take(self, body: dict[str, Any], *, deleted: bool = False) -> None:
+        key = key_of(self.kind, body)
+        if not deleted and self._view.cluster.holds(self.kind, key, _version(body)):
+            # The view has this very version already, most often from our own write's answer (the writer applies
+            # it at once): as a list skips it, the watch's copy is not parsed again (issue 22 item 4).
+            return
         unwanted = self._wanted is not None and not deleted and not self._wanted(body)
-        if unwanted and not self._view.cluster.knows(self.kind, key_of(self.kind, body)):
+        if unwanted and not self._view.cluster.knows(self.kind, key):
             return
         self._view.apply(self.kind, body, deleted=deleted)
 
