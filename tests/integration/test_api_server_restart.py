@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -63,17 +64,26 @@ def test_the_operator_stops_on_sigterm_while_its_api_server_is_down(
     given up after a few seconds. Before, the Lease's release raised a connection error, kopf retried the
     clean-up every minute, and further SIGTERMs were ignored: the process never ended."""
     process = start_operator(operator_kubeconfig, tmp_path, "--no-webhooks", "--lease-duration", "60")
-    outage = threading.Thread(target=control_plane.restart_apiserver, kwargs={"down": 20})
+    exited: list[bool] = []
+
+    def terminate_during_the_outage() -> None:
+        time.sleep(2)  # the API server is gone by now
+        assert process.proc is not None
+        process.proc.send_signal(signal.SIGTERM)
+        try:
+            process.proc.wait(timeout=15)  # well within the 20 s outage
+            exited.append(True)
+        except subprocess.TimeoutExpired:
+            exited.append(False)
+
     try:
         wait_for("ready", process.ready, timeout=30)
         wait_for("leading", lambda: process.events("leader.acquired"), timeout=30)
-        outage.start()
-        time.sleep(1)  # the API server is gone
-        assert process.proc is not None
-        process.proc.send_signal(signal.SIGTERM)
-        exited = wait_for("the process to exit", lambda: process.proc is not None and process.proc.poll() is not None,
-                          timeout=15)  # fmt: skip
-        assert exited and process.events("operator.stopped")
+        # The restart runs here, not in a thread: the API server dies with the thread that started it (PDEATHSIG).
+        signaller = threading.Thread(target=terminate_during_the_outage)
+        signaller.start()
+        control_plane.restart_apiserver(down=20)
+        signaller.join()
+        assert exited == [True] and process.events("operator.stopped")
     finally:
         process.stop()
-        outage.join()
