@@ -3,6 +3,7 @@ where so that a set no node can take fits on one, and never anything else."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from typing import Any
 
@@ -10,11 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cozygpu.api import IdleMoves, kinds
+from cozygpu.decisions import transitions
 from cozygpu.decisions.idlemoves import RoomPlan, movable, plan_room
 from cozygpu.decisions.placement import NoPlacement, Placement, place
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 from tests.support.views import A10, EPOCH, cluster, device, gpu_class, node, request
+from tests.support.writing import writer
 
 ATTACHED = {"attachedTo": {"vmi": "vm", "uid": "u1", "since": EPOCH.isoformat()}}
 
@@ -237,3 +240,26 @@ def test_only_more_reach_is_news_not_a_device_recounted_where_it_was() -> None:
     labelled["metadata"]["labels"] = {"team": "x"}
     assert View(c).apply(kinds.GPU_DEVICE, labelled).reach == frozenset()
     assert View(c).apply(kinds.GPU_DEVICE, _idle("held", 2, "X")).reach == {"a10"}
+
+
+def test_a_settled_move_names_the_node_it_left_so_its_status_is_written_again() -> None:
+    """§1.3: the change that settles a move names both nodes, so the accountant writes the old node's GPUNode
+    (its units now free) too; before, only the new node was named and the old one's status went stale."""
+    w, view, kube = writer()
+    for name in ("A", "B"):
+        view.apply(kinds.NODE, node(name, {A10: 8}))
+    view.apply(kinds.GPU_CLASS, gpu_class("a10"))
+    body = _idle("x", 2, "A")
+    status = body.pop("status")
+    body["metadata"].pop("resourceVersion")
+    stored = kube.put(kinds.GPU_DEVICE, body)
+    view.apply(kinds.GPU_DEVICE, kube.change(kinds.GPU_DEVICE, {**stored, "status": status}, status=True))
+    heard: list[Any] = []
+    view.subscribe(heard.append)
+    x = view.cluster.device("t1", "x")
+    assert x is not None
+    moved = transitions.bound(x, "B", EPOCH)
+    token = w.assume(moved).token
+    assert view.cluster.taken_units("A") == {A10: 2}  # kept on the node it leaves until written
+    asyncio.run(w.replace_status(kinds.GPU_DEVICE, moved.wire(), assumption=token))
+    assert view.cluster.taken_units("A") == {} and {"A", "B"} <= set().union(*(c.nodes for c in heard))

@@ -18,6 +18,7 @@ from cozygpu.api.meta import now
 from cozygpu.kube.errors import ApiError
 from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.binder import Binder
+from cozygpu.runtime.workers.mover import PLANS
 from tests.support.memkube import MemKube
 from tests.support.views import A10, EPOCH, device, gpu_class, node, request
 from tests.support.workers import SHORT, recorder
@@ -37,7 +38,7 @@ def _cloud(
     for name, units in nodes.items():
         view.apply(kinds.NODE, node(name, {A10: units}))
     view.apply(kinds.GPU_CLASS, gpu_class("a10"))
-    waits = {"idle_after": idle_after} if idle_after else {}  # as the binder was before the wait existed
+    waits: dict[str, Any] = {"idle_after": idle_after} if idle_after else {}  # as before the wait existed
     binder = Binder(view.cluster, w, incomplete_after=30, concurrency=8, idle_moves=4, events=recorder(kube), **waits)
     view.subscribe(binder.changed)
     return binder, view, kube
@@ -250,3 +251,95 @@ def test_other_tenants_are_answered_while_a_move_is_being_written() -> None:
 
     moving, both, b_on = _running(binder, scenario)
     assert moving and both and b_on != "X" and all(units <= 8 for units in _held(kube).values())
+
+
+def test_a_steady_stream_of_other_events_does_not_put_off_a_device_ripening() -> None:
+    """§5.7: while other tenants' VMs stop and start every 0.3 s, an order waiting for a device to have been idle
+    the wait is still decided about then. Before, each event pushed the wake later, and it never came."""
+    binder, view, kube = _cloud({"X": 8, "Y": 8, "Z": 8}, idle_after=1.0)
+    _seen(view, kube, device("b", count=2, namespace="b", phase="Bound", node_name="X", status=_attached("vb")))
+    _seen(view, kube, device("c", count=4, namespace="c", phase="Bound", node_name="Y", status=_attached("vc")))
+    _seen(view, kube, device("z", count=8, namespace="z", phase="Bound", node_name="Z", status=_attached("vz")))
+    _seen(view, kube, device("eight", count=8, namespace="a", created=10))
+
+    async def scenario() -> bool:
+        await _until(lambda: _status(kube, "a", "eight").get("phase") == "Pending")
+        _set_status(view, kube, "b", "b", {"phase": "Bound", "nodeName": "X"})  # b's VM stops
+        for flip in range(20):  # 6 s of another tenant's VM stopping and starting
+            running = {"phase": "Bound", "nodeName": "Z", **(_attached("vz") if flip % 2 else {})}
+            _set_status(view, kube, "z", "z", running)
+            if await _until(lambda: _where(kube, "a", "eight") is not None, 0.3):
+                return True
+        return False
+
+    assert _running(binder, scenario)
+
+
+def test_older_orders_no_move_can_place_do_not_keep_a_younger_smaller_one_waiting() -> None:
+    """§5.5, §5.7: four older 8-unit orders no move can place; a younger 4-unit one that one move places is
+    decided again when a device turns idle (the oldest of each size is). Before, only the four oldest were."""
+    binder, view, kube = _cloud({"n1": 8, "n2": 8})
+    _seen(view, kube, device("p", count=4, namespace="x", phase="Bound", node_name="n1", status=_attached("vp")))
+    _seen(view, kube, device("q", count=2, namespace="x", phase="Bound", node_name="n1", status=_attached("vq")))
+    _seen(view, kube, device("r", count=6, namespace="x", phase="Bound", node_name="n2", status=_attached("vr")))
+    for i in range(4):
+        _seen(view, kube, device(f"big{i}", count=8, created=10 + i))
+    _seen(view, kube, device("mid", count=4, namespace="t2", created=20))
+
+    async def scenario() -> bool:
+        assert not await _until(lambda: _where(kube, "t2", "mid") is not None, SHORT)
+        _set_status(view, kube, "x", "q", {"phase": "Bound", "nodeName": "n1"})  # q's VM stops
+        return await _until(lambda: _where(kube, "t2", "mid") is not None)
+
+    assert _running(binder, scenario)
+
+
+def test_a_backlog_of_orders_needing_moves_writes_a_bounded_number_of_moves_at_once() -> None:
+    """§14.3: twenty 8-unit orders each needing a move, status writes slow: at most PLANS plans' moves and the
+    binder's own slots are written at once, whatever the backlog (before: one plan per order, all at once)."""
+    nodes = {f"n{k:02d}": 8 for k in range(20)}
+    binder, view, kube = _cloud(nodes)
+    for k in range(20):
+        _seen(view, kube, device(f"i{k}", count=2, namespace=f"o{k}", phase="Bound", node_name=f"n{k:02d}"))
+        _seen(view, kube, device(f"big{k}", count=8, namespace="a", created=10 + k))
+    out, most = [0], [0]
+    plain = kube.replace_status
+
+    async def slow(kind: Any, body: Body) -> Body:
+        out[0] += 1
+        most[0] = max(most[0], out[0])
+        try:
+            await asyncio.sleep(0.1)
+            return await plain(kind, body)
+        finally:
+            out[0] -= 1
+
+    kube.replace_status = slow  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        await _until(lambda: sum(_where(kube, "a", f"big{k}") is not None for k in range(20)) >= 3, 3.0)
+
+    _running(binder, scenario)
+    assert sum(_where(kube, "a", f"big{k}") is not None for k in range(20)) >= 3
+    assert most[0] <= PLANS * 4 + 4, most[0]  # PLANS plans of at most 4 moves, and the binder's 4 slots
+    assert all(units <= 8 for units in _held(kube).values())
+
+
+def test_a_step_that_fails_with_a_device_ripe_still_waits_before_the_next() -> None:
+    """A pass that raises before the waiting room still takes the ripe classes, so the binder backs off half a
+    second as after any failure; before, the ripe entry stayed due and the loop ran without pause."""
+    binder, _, _ = _cloud({"X": 8}, idle_after=0.05)
+    binder.mover.heard(frozenset({"a10"}))  # a device turned idle
+    steps = [0]
+
+    async def broken() -> bool:
+        steps[0] += 1
+        raise RuntimeError("a bug in answering requests")
+
+    binder._answer_requests = broken  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        await asyncio.sleep(1.0)
+
+    _running(binder, scenario)
+    assert 1 <= steps[0] <= 10, steps[0]  # one every half second, not tens of thousands

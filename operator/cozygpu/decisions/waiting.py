@@ -13,8 +13,6 @@ from collections.abc import Iterable, Iterator
 from cozygpu.api import GPUDevice
 from cozygpu.state.cluster import Cluster, DeviceKey
 
-EVERY = 1 << 62  # more units than any device asks for
-
 
 def in_turn(cluster: Cluster, devices: list[GPUDevice] | None = None) -> list[GPUDevice]:
     """The placeable ones among `devices` (every device not Bound if None, in the order the view keeps),
@@ -38,20 +36,11 @@ def must_decide(cluster: Cluster, served: Iterable[str], fresh: Iterable[DeviceK
     return sorted(picked.values(), key=cluster.turn)
 
 
-def oldest(cluster: Cluster, classes: Iterable[str], first: int = 4) -> set[DeviceKey]:
-    """The `first` oldest waiting devices of each class, whatever their counts: where idle moves may make room for
-    some device of a class, they are decided again (§5.5, §5.7), so one that no move can place does not keep a
-    younger one that some can waiting. O(first × counts waiting) per class."""
-    out = set()
-    for name in classes:
-        after = None
-        for _ in range(first):
-            device = cluster.next_waiting(name, EVERY, after)
-            if device is None:
-                break
-            out.add((device.namespace or "", device.name))
-            after = cluster.turn(device)
-    return out
+def oldest(cluster: Cluster, classes: Iterable[str]) -> set[DeviceKey]:
+    """The oldest waiting device of each class and count: where idle moves may make room for some device of a
+    class, those are decided again (§5.5, §5.7), so older orders that no move can place do not keep a younger one
+    of another size waiting that some can. O(counts waiting) per class."""
+    return {(d.namespace or "", d.name) for name in classes for d in cluster.heads_waiting(name)}
 
 
 def overtakes(cluster: Cluster, device: GPUDevice) -> bool:

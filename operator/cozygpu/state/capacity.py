@@ -178,16 +178,17 @@ class Capacity:
         self._reorder(node, resource)
 
     @writes
-    def release_origin(self, key: DeviceKey) -> None:
-        """The move's write is settled: the API's answer says where the units are."""
+    def release_origin(self, key: DeviceKey) -> str | None:
+        """The move's write is settled: the API's answer says where the units are. The node it freed, if any."""
         kept = self._origins.pop(key, None)
         if kept is None:
-            return
+            return None
         node, resource, units = kept
         _add(self._origin_res[node], resource, -units)
         if not self._origin_res[node]:
             del self._origin_res[node]
         self._reorder(node, resource)
+        return node
 
     @writes
     def set_unmanaged(self, node: str, now: dict[str, int]) -> None:

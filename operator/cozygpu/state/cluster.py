@@ -98,8 +98,8 @@ class Cluster:
         self.devices_of_request, self.attached_to, self.devices_of_class, self.waiting_since = (
             d.devices_of_request, d.attached_to, d.devices_of_class, d.waiting_since,
         )  # fmt: skip
-        self.open_request_ids, self.unbound_in_turn, self.waiting, self.next_waiting = (
-            d.open_request_ids, d.unbound_in_turn, d.waiting, d.next_waiting,
+        self.open_request_ids, self.unbound_in_turn, self.waiting, self.next_waiting, self.heads_waiting = (
+            d.open_request_ids, d.unbound_in_turn, d.waiting, d.next_waiting, d.heads_waiting,
         )  # fmt: skip
         c = self._capacity
         self.held_of_class, self.held_units, self.unmanaged_units, self.taken_units = (
@@ -171,8 +171,8 @@ class Cluster:
     def _upsert_device(self, body: dict[str, Any]) -> None:
         device = GPUDevice.from_wire(body)
         key = (device.namespace or "", device.name)
-        if key not in self._assumed:
-            self._capacity.release_origin(key)  # what the API says now counts: a settled move's old node frees
+        if key not in self._assumed and (left := self._capacity.release_origin(key)):
+            self._nodes_touched.add(left)  # what the API says now counts: a settled move's old node frees
         if not self._devices.store.news(key, device.metadata.resource_version):
             return
         assumed = self._assumed.get(key)

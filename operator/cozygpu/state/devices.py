@@ -235,6 +235,11 @@ class Devices:
         lines = [line for count, line in of_class.items() if most is None or count <= most]
         return [self.store.items[(t[2], t[3])] for t in heapq.merge(*lines)]
 
+    def heads_waiting(self, class_name: str) -> list[GPUDevice]:
+        """The class's first device in turn of each count waiting (§5.5): one per size, oldest first."""
+        lines = self._waiting.get(class_name, {}).values()
+        return [self.store.items[(line[0][2], line[0][3])] for line in sorted(lines) if line]
+
     def next_waiting(self, class_name: str, most: int, after: Turn | None) -> GPUDevice | None:
         """The class's first device in turn after `after` that awaits a node and asks for at most `most`
         units: a cursor over the waiting room that devices placed or arriving meanwhile do not upset."""

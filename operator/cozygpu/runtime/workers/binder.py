@@ -144,6 +144,7 @@ class Binder:
                     log.exception("binder.step_failed")
                     waiting = True
                 timeout = self.mover.sooner(0.5 if waiting else None)
+                await asyncio.sleep(0)  # the writes a pass spawned run before the next, even if it woke itself
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout)
         finally:
@@ -157,6 +158,7 @@ class Binder:
     async def step(self) -> bool:
         """One pass over everything undecided; True when a request is still being written."""
         self._yielded = time.monotonic()
+        self._reach |= self.mover.ripe()  # here, so a step that fails before the waiting room cannot spin on it
         await self._writer.recheck()
         self._asked = False
         waiting = await self._answer_requests() or self._writer.doubtful
@@ -178,7 +180,9 @@ class Binder:
             # The slot first: nothing may change between the decision and its assumption in the view.
             await self._in_flight.acquire()
             assessment = self._assess(request_id)
-            if isinstance(assessment, Answer) and self.mover.make_room(assessment.devices, assessment.outcome):
+            if isinstance(assessment, Answer) and self.mover.make_room(
+                assessment.devices, assessment.outcome, asked=True
+            ):
                 self._in_flight.release()  # §5.7: decided once the moves made for it are written
                 waiting = True
                 continue
@@ -284,8 +288,7 @@ class Binder:
             self._first = False
             musts, room = in_turn(self._cluster), set()  # the order the view keeps: no sort of every device
         else:
-            reach = self._reach | self.mover.ripe()
-            musts = must_decide(self._cluster, self._served, self._fresh | oldest(self._cluster, reach))
+            musts = must_decide(self._cluster, self._served, self._fresh | oldest(self._cluster, self._reach))
             if self._rest:
                 musts = list(heapq.merge(self._rest, musts, key=self._cluster.turn))
             room = self._room - self._served
@@ -340,7 +343,7 @@ class Binder:
             self._room.add(current.spec.class_name)
             return False
         outcome = place(self._cluster, [current])
-        if self.mover.make_room([current], outcome):
+        if self.mover.make_room([current], outcome, asked=False):
             self._in_flight.release()  # §5.7: decided again once the moves made for it are written
             return True
         if self._metrics is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as dt
+import math
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
@@ -30,6 +31,8 @@ from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.workers import reports
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster, DeviceKey
+
+PLANS = 2  # plans whose moves are written at once: at most PLANS × the limit status writes for idle moves
 
 
 class Mover:
@@ -64,6 +67,7 @@ class Mover:
         self._for: frozenset[DeviceKey] = frozenset()  # the sets whose moves are being written
         # Classes whose devices turned idle, and when those devices may first move (monotonic), in time order.
         self._ripening: collections.deque[tuple[float, frozenset[str]]] = collections.deque()
+        self._plans = 0  # plans whose moves are being written, at most PLANS
         self.moved = 0  # devices moved since start, for the bench and tests
 
     def heard(self, reach: frozenset[str]) -> frozenset[str]:
@@ -73,8 +77,8 @@ class Mover:
             return frozenset()
         if not self._idle_after:
             return reach
-        due = time.monotonic() + self._idle_after
-        if self._ripening and due - self._ripening[-1][0] < 1.0:  # one wake a second at most
+        due = math.ceil(time.monotonic() + self._idle_after)  # one wake a second at most, never later than due
+        if self._ripening and self._ripening[-1][0] == due:
             reach = self._ripening.pop()[1] | reach
         self._ripening.append((due, reach))
         return frozenset()
@@ -93,16 +97,20 @@ class Mover:
         until = max(self._ripening[0][0] - time.monotonic(), 0.0)
         return until if timeout is None else min(timeout, until)
 
-    def make_room(self, devices: Sequence[GPUDevice], outcome: Placement | NoPlacement) -> bool:
+    def make_room(self, devices: Sequence[GPUDevice], outcome: Placement | NoPlacement, *, asked: bool) -> bool:
         """When `devices` fit on no node for want of free units (`outcome`), plan the moves after which they fit on
         one, count them in the view and write them in the background; True while moves for the set are under way
         (the binder decides the set again once they are written: `again`). The log names the set the room is
-        for; Events do not (§14)."""
+        for; Events do not (§14). With PLANS plans out already, a bind request (`asked`: decided again on every
+        pass) waits for one to be done, and a waiting device waits Pending as if no plan existed, decided again
+        when room or reach for it appears, so a backlog costs no work per plan done (§14.3)."""
         keys = frozenset((d.namespace or "", d.name) for d in devices)
         if not keys.isdisjoint(self._for):
             return True  # moves made for it are still being written
         if self.limit <= 0 or not isinstance(outcome, NoPlacement) or not outcome.full:
             return False
+        if self._plans >= PLANS:  # the API's calls are admissions' first (§14.3)
+            return asked
         plan = plan_room(self._cluster, devices, self.limit, self._idle_after)
         if plan is None:
             return False
@@ -114,6 +122,7 @@ class Mover:
             tokens.append(assumption.token)
             self._gained(assumption.room)
         self._for |= keys
+        self._plans += 1
         self._spawn(self._write(plan, news, tokens, devices, keys))
         return True
 
@@ -144,4 +153,5 @@ class Mover:
                 reports.moved_idle(move, self._events, devices, plan.node)
         finally:
             self._for -= keys
+            self._plans -= 1
             self._again(keys)  # on the view with the moves as the API has them: placed, or planned anew
