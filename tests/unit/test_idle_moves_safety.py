@@ -343,3 +343,22 @@ def test_a_step_that_fails_with_a_device_ripe_still_waits_before_the_next() -> N
 
     _running(binder, scenario)
     assert 1 <= steps[0] <= 10, steps[0]  # one every half second, not tens of thousands
+
+
+def test_the_binder_stops_when_cancelled_at_the_moment_it_is_woken() -> None:
+    """§10: a replica that lost the Lease stops writing at once: a cancel that arrives as the binder is woken ends
+    it. Before, asyncio.wait_for on Python 3.11 swallowed such a cancel, and the loop ran on (a test hung)."""
+    binder, _, _ = _cloud({"X": 8}, idle_after=60)
+
+    async def scenario() -> bool:
+        task = asyncio.create_task(binder.run())
+        binder.mover.heard(frozenset({"a10"}))  # a wake due in a minute: the binder waits with a timeout
+        await asyncio.sleep(0.2)
+        binder.poke()
+        task.cancel()
+        await asyncio.wait([task], timeout=2)
+        stopped = task.done()
+        task.cancel()
+        return stopped
+
+    assert asyncio.run(scenario())

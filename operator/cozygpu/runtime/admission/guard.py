@@ -53,8 +53,9 @@ class ManagedResources:
                     log.info("guard.published", namespace=self._namespace, resources=wanted["data"])
                 except ApiError as e:
                     log.warning("guard.write_failed", namespace=self._namespace, error=e.message)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+            with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel
+                async with asyncio.timeout(self._interval):
+                    await self._wake.wait()
                 continue
             self._written = await self._current()  # the interval passed: look at what the API server has
 

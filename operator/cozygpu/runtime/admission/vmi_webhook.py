@@ -300,8 +300,9 @@ class VMIAdmission:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), remaining)
+                with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel
+                    async with asyncio.timeout(remaining):
+                        await changed.wait()
 
     async def _undo(self, namespace: str, vmi: str, writes: _Writes) -> None:
         """Clear this call's request and attachments, delete the devices it created (UID precondition)."""

@@ -145,8 +145,9 @@ class Binder:
                     waiting = True
                 timeout = self.mover.sooner(0.5 if waiting else None)
                 await asyncio.sleep(0)  # the writes a pass spawned run before the next, even if it woke itself
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
         finally:
             writes = list(self._writes)
             for task in writes:

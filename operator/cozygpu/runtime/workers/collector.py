@@ -102,8 +102,9 @@ class Collector:
             except Exception:
                 log.exception("collector.pass_failed")
             timeout = max(0.05, min(next_sweep - time.monotonic(), self._until_due()))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
 
     def _until_due(self) -> float:
         if not self._due:
