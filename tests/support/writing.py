@@ -40,5 +40,17 @@ def seen(view: View, kube: MemKube, body: Body) -> Body:
     return stored
 
 
+def seen_with_status(view: View, kube: MemKube, body: Body) -> Body:
+    """`seen` for a body as the views' helpers build it: its status written through the subresource, as the API
+    takes it, and its resourceVersion the API's own."""
+    status = body.pop("status", None)
+    body["metadata"].pop("resourceVersion", None)
+    stored = kube.put(kinds.GPU_DEVICE, body)
+    if status:
+        stored = kube.change(kinds.GPU_DEVICE, {**stored, "status": status}, status=True)
+    view.apply(kinds.GPU_DEVICE, stored)
+    return stored
+
+
 def with_status(body: Body, **status: Any) -> Body:
     return {**body, "status": {**(body.get("status") or {}), **status}}

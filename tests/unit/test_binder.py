@@ -19,6 +19,7 @@ from tests.support.memkube import MemKube
 from tests.support.views import A10, device, gpu_class, node, request
 from tests.support.workers import WAIT, run_until
 from tests.support.writing import NS, writer
+from tests.support.writing import seen_with_status as _seen
 
 Body = dict[str, Any]
 
@@ -31,17 +32,6 @@ def _binder(nodes: dict[str, int]) -> tuple[Binder, View, MemKube]:
     binder = Binder(view.cluster, w, incomplete_after=30, concurrency=8)
     view.subscribe(binder.changed)
     return binder, view, kube
-
-
-def _seen(view: View, kube: MemKube, body: Body) -> Body:
-    """Create the device in the API (status through its subresource) and let the view hear of it."""
-    status = body.pop("status", None)
-    body["metadata"].pop("resourceVersion", None)
-    stored = kube.put(kinds.GPU_DEVICE, body)
-    if status:
-        stored = kube.change(kinds.GPU_DEVICE, {**stored, "status": status}, status=True)
-    view.apply(kinds.GPU_DEVICE, stored)
-    return stored
 
 
 def _status(kube: MemKube, name: str) -> Body:

@@ -22,6 +22,7 @@ from cozygpu.runtime.workers.binder import Binder
 from tests.support.memkube import MemKube
 from tests.support.views import A10, EPOCH, device, gpu_class, node, request
 from tests.support.workers import SHORT, recorder, run_until
+from tests.support.writing import seen_with_status as _seen
 from tests.support.writing import writer
 
 Body = dict[str, Any]
@@ -44,17 +45,6 @@ def _cloud(
         _seen(view, kube, device(f"held{i}", count=2, namespace=OTHER, phase="Bound", node_name=f"n{i}",
                                  status=ATTACHED if attached else None))  # fmt: skip
     return binder, view, kube
-
-
-def _seen(view: View, kube: MemKube, body: Body) -> Body:
-    """Create the device in the API (status through its subresource) and let the view hear of it."""
-    status = body.pop("status", None)
-    body["metadata"].pop("resourceVersion", None)
-    stored = kube.put(kinds.GPU_DEVICE, body)
-    if status:
-        stored = kube.change(kinds.GPU_DEVICE, {**stored, "status": status}, status=True)
-    view.apply(kinds.GPU_DEVICE, stored)
-    return stored
 
 
 def _api(kube: MemKube) -> dict[tuple[str, str], Body]:

@@ -22,6 +22,7 @@ from cozygpu.runtime.workers.mover import PLANS
 from tests.support.memkube import MemKube
 from tests.support.views import A10, EPOCH, device, gpu_class, node, request
 from tests.support.workers import SHORT, recorder
+from tests.support.writing import seen_with_status as _seen
 from tests.support.writing import writer
 
 Body = dict[str, Any]
@@ -42,15 +43,6 @@ def _cloud(
     binder = Binder(view.cluster, w, incomplete_after=30, concurrency=8, idle_moves=4, events=recorder(kube), **waits)
     view.subscribe(binder.changed)
     return binder, view, kube
-
-
-def _seen(view: View, kube: MemKube, body: Body) -> None:
-    status = body.pop("status", None)
-    body["metadata"].pop("resourceVersion", None)
-    stored = kube.put(kinds.GPU_DEVICE, body)
-    if status:
-        stored = kube.change(kinds.GPU_DEVICE, {**stored, "status": status}, status=True)
-    view.apply(kinds.GPU_DEVICE, stored)
 
 
 def _set_status(view: View, kube: MemKube, namespace: str, name: str, status: dict[str, Any]) -> None:

@@ -79,13 +79,8 @@ class OperatorProcess:
         return requests.get(f"http://127.0.0.1:{self.port}/metrics", headers=headers, timeout=5)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_gently(self.proc)
         self.proc = None
 
     def kill(self) -> None:
@@ -139,6 +134,17 @@ def in_parallel(
         for future in [pool.submit(drain, Kube.from_kubeconfig(kubeconfig)) for _ in range(threads)]:
             future.result()
     return time.monotonic()
+
+
+def stop_gently(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if the process has not ended within `grace` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:

@@ -19,6 +19,7 @@ import requests
 import yaml
 
 from cozygpu.devcluster.binaries import repo_root
+from cozygpu.devcluster.harness import stop_gently
 from cozygpu.devcluster.ports import free_port
 
 JOB = "cozy-gpu-operator"  # the job the chart's ServiceMonitor names (jobLabel) and its rules read `up` by
@@ -102,13 +103,8 @@ class Prometheus:
         return result
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            stop_gently(self.proc)
         self.proc = None
 
     def tail(self, lines: int = 30) -> str:
