@@ -150,7 +150,7 @@ class Mover:
                     reports.move_failed(move, result if isinstance(result, BaseException) else None)
                     continue
                 self.moved += 1
-                reports.moved_idle(move, self._events, devices, plan.node)
+                reports.moved_idle(move, self._events, devices)
         finally:
             self._for -= keys
             self._plans -= 1

@@ -56,7 +56,7 @@ def answered(
     )
 
 
-def moved_idle(move: Move, events: Recorder | None, room_for: Sequence[GPUDevice], room_on: str) -> None:
+def moved_idle(move: Move, events: Recorder | None, room_for: Sequence[GPUDevice]) -> None:
     """§5.7: an idle device was moved to make room on its old node for the set `room_for` (named in the log alone)."""
     device, d = move.device, room_for[0]
     vmi = d.status.attached_to.vmi if d.status.attached_to is not None else None
