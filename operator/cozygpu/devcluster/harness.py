@@ -57,7 +57,9 @@ class OperatorProcess:
             if self.ready() or (not until_ready and self.healthy()):
                 return self
             time.sleep(0.1)
-        raise RuntimeError(f"operator not ready in {timeout}s:\n{self.tail()}")
+        tail = self.tail()
+        self.stop()  # not left running: nothing else would stop it, and it would hold the Lease
+        raise RuntimeError(f"operator not ready in {timeout}s:\n{tail}")
 
     def ready(self) -> bool:
         return self.probe("/readyz")[0] == 200
