@@ -8,6 +8,7 @@ Operator writes them.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextvars
 import json
@@ -32,6 +33,7 @@ from cozygpu.api.names import (
     LAUNCHER,
     TRUE,
 )
+from cozygpu.settings import Settings
 
 CONFIGURATION_NAME = "cozy-gpu-operator"
 
@@ -64,6 +66,8 @@ HOOKS = frozenset(hook.id for hook in hooks.HOOKS)
 # What the API server may send: etcd stores objects up to 1.5 MiB, and a review carries the object and
 # its old version; aiohttp's default would cut bodies at 1 MiB.
 MAX_REVIEW_BYTES = 4 * 1024 * 1024
+# The API server's longest wait for a webhook: a body still arriving after it comes from no live call.
+LONGEST_CALL = 30.0
 
 
 def envelope_problem(review: Any) -> str | None:
@@ -110,16 +114,23 @@ class ReviewServer(kopf.WebhookServer):
     """kopf's server, answering what is not an AdmissionReview request for one of our hooks as the HTTP error it
     is (400 naming the field, 404 for a path no hook serves) rather than 500 or an allowed answer (§3). While
     `closing` says so (a replica draining before it stops, §10) every answer closes its connection, so the API
-    server's next request opens one to a replica that stays."""
+    server's next request opens one to a replica that stays. A body not read within `read_within` is answered
+    408: a caller that sends half a body and stops would otherwise hold a replica's drain for 60 s."""
 
     closing: Callable[[], bool] = staticmethod(lambda: False)
+    read_within: float = LONGEST_CALL
 
     async def _serve(self, fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:  # type: ignore[override]
         if request.match_info.get("id") not in HOOKS:
             raise aiohttp.web.HTTPNotFound(reason="no webhook is served at this path")
         request = request.clone(client_max_size=MAX_REVIEW_BYTES)
         try:
-            review = json.loads(await request.text())
+            async with asyncio.timeout(self.read_within):
+                text = await request.text()
+        except TimeoutError:
+            return await _answer_and_close(request, 408, "the review's body did not arrive in time")
+        try:
+            review = json.loads(text)
         except (ValueError, RecursionError):
             raise aiohttp.web.HTTPBadRequest(reason="the body is not JSON") from None
         problem = envelope_problem(review)
@@ -137,9 +148,21 @@ class ReviewServer(kopf.WebhookServer):
         return response
 
 
+async def _answer_and_close(request: aiohttp.web.Request, status: int, reason: str) -> aiohttp.web.Response:
+    """Answer, then close the connection at once: aiohttp would otherwise go on reading the rest of the body for
+    10 s (its lingering close), holding a drain that long."""
+    answer = aiohttp.web.Response(status=status, reason=reason, text=reason)
+    answer.force_close()
+    await answer.prepare(request)
+    await answer.write_eof()
+    if request.protocol is not None:
+        request.protocol.force_close()  # the answer is written; the transport sends it before closing
+    return answer
+
+
 @dataclass(frozen=True)
 class Serving:
-    server: kopf.WebhookServer
+    server: ReviewServer
     url: str
     ca_bundle: bytes
 
@@ -151,7 +174,7 @@ def _clients_of(client_ca: bytes | None) -> dict[str, Any]:
     return {"verify_mode": ssl.CERT_REQUIRED, "verify_cadata": client_ca.decode()}
 
 
-def dev_serving(host: str, port: int, client_ca: bytes | None = None) -> Serving:
+def dev_serving(host: str, port: int, client_ca: bytes | None = None, read_within: float = LONGEST_CALL) -> Serving:
     """A self-signed CA and a serving certificate for `host`, in a private temporary directory."""
     directory = Path(tempfile.mkdtemp(prefix="cozygpu-webhook-"))
     ca = tls.Authority("cozy-gpu-operator webhook CA (dev)")
@@ -163,18 +186,22 @@ def dev_serving(host: str, port: int, client_ca: bytes | None = None) -> Serving
     server = ReviewServer(
         addr=host, port=port, host=host, certfile=str(cert), pkeyfile=str(key), **_clients_of(client_ca)
     )
+    server.read_within = read_within
     return Serving(server, f"https://{host}:{port}", ca.cert_pem)
 
 
-def cluster_serving(addr: str, port: int, cert_dir: Path, client_ca: bytes | None = None) -> ReviewServer:
-    """The chart's mounted certificate (tls.crt, tls.key); kopf reloads it when the files change."""
-    return ReviewServer(
-        addr=addr,
-        port=port,
-        certfile=str(cert_dir / "tls.crt"),
-        pkeyfile=str(cert_dir / "tls.key"),
+def cluster_serving(settings: Settings, client_ca: bytes | None, closing: Callable[[], bool]) -> ReviewServer:
+    """The chart's mounted certificate (tls.crt, tls.key); kopf reloads it when the files change. `closing` says
+    when the replica drains; a body is awaited for as long as the API server waits for us."""
+    server = ReviewServer(
+        addr=settings.webhook_host,
+        port=settings.webhook_port or 9443,
+        certfile=str(settings.webhook_cert_dir / "tls.crt"),
+        pkeyfile=str(settings.webhook_cert_dir / "tls.key"),
         **_clients_of(client_ca),
     )
+    server.read_within, server.closing = settings.webhook_timeout, closing
+    return server
 
 
 def _client(url: str, hook: str, ca_bundle: bytes) -> dict[str, Any]:

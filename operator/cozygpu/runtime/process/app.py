@@ -232,16 +232,10 @@ class Operator:
         if mode == "dev":
             host = "127.0.0.1"
             port = self.settings.webhook_port or _free_port(host)
-            self.registration.serving = webhooks.dev_serving(host, port, self._client_ca)
+            self.registration.serving = webhooks.dev_serving(host, port, self._client_ca, self.settings.webhook_timeout)
             settings.admission.server = self.registration.serving.server
         elif mode == "cluster":
-            server = webhooks.cluster_serving(
-                self.settings.webhook_host,
-                self.settings.webhook_port or 9443,
-                self.settings.webhook_cert_dir,
-                self._client_ca,
-            )
-            server.closing = lambda: self.stopping
+            server = webhooks.cluster_serving(self.settings, self._client_ca, lambda: self.stopping)
             settings.admission.server = server
 
     async def load_client_ca(self) -> None:

@@ -1,0 +1,115 @@
+"""The webhook server's own bounds (§10, §14.1): a caller that sends half a review and stops gets 408 once the
+API server would have given up, and holds neither the connection nor a replica's drain.
+
+A real TLS server on loopback, as the operator serves it; the callers write raw HTTP to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from cozygpu.runtime.admission import webhooks
+from cozygpu.runtime.admission.webhooks import VMI_HOOK
+
+# The hang detectors below: far above the bound under test (0.2 s), far below aiohttp's own 60 s...
+HANG = 30.0
+# ...and its 10 s of reading on after an answer (its lingering close), which a closed connection skips.
+LINGER = 5.0
+
+
+async def _allow(review: Any, **_: Any) -> dict[str, Any]:
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "response": {"uid": review["request"]["uid"], "allowed": True}}  # fmt: skip
+
+
+class Served:
+    def __init__(self, serving: webhooks.Serving) -> None:
+        self.serving = serving
+        self.port = int(serving.url.rsplit(":", 1)[1])
+        self.context = ssl.create_default_context(cadata=serving.ca_bundle.decode())
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        listening = asyncio.Event()
+
+        async def serve() -> None:
+            async for _ in self.serving.server(_allow):
+                listening.set()
+
+        self._task = asyncio.create_task(serve())
+        await listening.wait()
+
+    async def stop(self) -> None:
+        """As kopf stops it: its task cancelled, which waits for the handlers under way."""
+        assert self._task is not None
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    async def send(self, head: bytes, body: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", self.port, ssl=self.context)
+        writer.write(head + body)
+        await writer.drain()
+        return reader, writer
+
+
+def _head(length: int) -> bytes:
+    return (f"POST /{VMI_HOOK} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {length}\r\n\r\n").encode()  # fmt: skip
+
+
+def _review() -> bytes:
+    gvr = {"group": "kubevirt.io", "version": "v1", "resource": "virtualmachineinstances"}
+    vmi = {"metadata": {"name": "vm", "namespace": "tenant-a"}}
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "u-1", "resource": gvr, "userInfo": {"username": "someone"}, "operation": "CREATE",
+        "namespace": "tenant-a", "object": vmi}}).encode()  # fmt: skip
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[Served]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = Served(webhooks.dev_serving("127.0.0.1", port, read_within=0.2))
+    await server.start()
+    yield server
+    async with asyncio.timeout(HANG):
+        await server.stop()
+
+
+async def test_a_body_that_stops_half_way_is_answered_408_and_the_connection_closed(served: Served) -> None:
+    """The API server sends a review at once; a body still missing after its timeout gets 408 and no handler."""
+    reader, writer = await served.send(_head(1000), b'{"apiVersion": ')
+    async with asyncio.timeout(HANG):
+        status = await reader.readline()
+    async with asyncio.timeout(LINGER):
+        rest = await reader.read()  # to the end: the server closed the connection, not reading on
+    writer.close()
+    assert status.split()[1] == b"408", status
+    assert b"did not arrive in time" in rest
+
+
+async def test_a_replica_stops_promptly_with_a_half_sent_body_under_way(served: Served) -> None:
+    """A drain ends once the handlers under way end: a half-sent body holds it for the read bound, not 60 s."""
+    _, writer = await served.send(_head(1000), b'{"apiVersion": ')
+    await asyncio.sleep(0.05)  # the request is being read
+    async with asyncio.timeout(HANG):
+        await served.stop()
+    writer.close()
+
+
+async def test_a_whole_review_is_still_answered(served: Served) -> None:
+    """The bound cuts slow bodies only: a review sent whole is answered as before."""
+    body = _review()
+    reader, writer = await served.send(_head(len(body)), body)
+    async with asyncio.timeout(HANG):
+        status = await reader.readline()
+    writer.close()
+    assert status.split()[1] == b"200", status
