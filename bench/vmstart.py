@@ -18,7 +18,7 @@ same for three legs, each as a second watch (of VMIs) and the pods' watch saw th
 made (virt-controller's render, our pod webhook), pod made to bound (kube-scheduler). VMs without GPUs meet
 none of our webhooks (their object selectors and match conditions): that column is KubeVirt's own floor.
 Then the operator's own mean answer times in the timed rounds, from its /metrics histograms: its VMI
-webhook is called twice a VMI (reinvocationPolicy IfNeeded, after virt-api's mutating webhook). Read
+webhook is called once a VMI (its configuration sorts after virt-api's, so nothing changes the VMI after it). Read
 with it: virt-controller creates VMIs from 3 workers (its default --vm-controller-threads), so with 20 VMs
 at once a VMI's admission time is waited for again by the VMs queued behind it.
 p99 is the sample at rank floor(0.99 n): of 100, the slowest. Asserts nothing.

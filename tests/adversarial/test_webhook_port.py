@@ -48,7 +48,7 @@ class Port:
 
 @pytest.fixture
 def port(admitting: OperatorProcess, kube: Kube, tmp_path: Path) -> Port:
-    hooks = kube.get(kinds.MUTATING_WEBHOOKS, webhooks.CONFIGURATION_NAME)["webhooks"]
+    hooks = kube.get(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME)["webhooks"]
     config = hooks[0]["clientConfig"]
     ca = tmp_path / "serving-ca.crt"
     ca.write_bytes(base64.b64decode(config["caBundle"]))

@@ -109,6 +109,16 @@ def test_the_webhooks_are_the_ones_the_operator_registers_itself(helm: Path) -> 
         assert client["caBundle"] == ca
 
 
+def test_the_mutating_configuration_is_called_after_kubevirts(helm: Path) -> None:
+    """The API server calls mutating configurations in name order: ours after virt-api's and the launcher pod
+    mutator (KubeVirt's names), so it is not called a second time after virt-api changed the VMI."""
+    docs = render(helm)
+    mutating = one(docs, "MutatingWebhookConfiguration")["metadata"]["name"]
+    assert mutating == f"zz-{RELEASE}" == webhooks.MUTATING_PREFIX + RELEASE
+    assert sorted([mutating, "virt-api-mutator", "virt-launcher-pod-mutator"])[-1] == mutating
+    assert one(docs, "ValidatingWebhookConfiguration")["metadata"]["name"] == RELEASE
+
+
 def test_the_generated_certificate_serves_the_service_and_is_signed_by_the_bundle(helm: Path) -> None:
     """Without cert-manager: tls.crt names the Service's DNS names and chains to ca.crt."""
     secret = one(render(helm), "Secret")

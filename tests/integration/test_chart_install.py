@@ -28,6 +28,7 @@ from cozygpu.devcluster import binaries, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
+from cozygpu.runtime.admission import webhooks
 from cozygpu.settings import Settings
 from tests.support.bodies import gpu_class_body, gpu_device_body, unique, vmi_body
 from tests.support.helm import CHART, NAMESPACE, RELEASE, Helm
@@ -39,8 +40,15 @@ pytestmark = pytest.mark.integration
 PREVIOUS = "ee696897f1dda07542c60536704c8a409dae00d8"  # main before issue 23: chart 0.1.0 as installed today
 CHART_CRDS = sorted((CHART / "crds").glob("*.yaml"))
 WEBHOOKS = (kinds.MUTATING_WEBHOOKS, kinds.VALIDATING_WEBHOOKS)
+
 # Before each upgrade (docs/operating.md): `helm show crds <chart> | kubectl apply <these> -f -`.
 CRD_STEP = ("apply", "--server-side", "--field-manager=helm", "--force-conflicts", "-f", "-")
+
+
+def configuration(kind: kinds.Kind, previous: bool = False) -> str:
+    """The release's configuration of `kind`: the mutating one's name sorts after KubeVirt's (not before this
+    chart)."""
+    return f"{webhooks.MUTATING_PREFIX}{RELEASE}" if kind is kinds.MUTATING_WEBHOOKS and not previous else RELEASE
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +165,7 @@ def test_install_creates_the_crds_and_every_object_and_the_charts_rbac_suffices(
     assert all(stored(kube, d) is not None for d in docs), [d["metadata"]["name"] for d in docs if not stored(kube, d)]
     ca = kube.get(kinds.kind("Secret"), f"{RELEASE}-webhook-tls", NAMESPACE)["data"]["ca.crt"]
     for kind in WEBHOOKS:
-        hooks = kube.get(kind, RELEASE)["webhooks"]
+        hooks = kube.get(kind, configuration(kind))["webhooks"]
         assert {(h["clientConfig"]["caBundle"], h["clientConfig"]["service"]["name"]) for h in hooks} == {(ca, RELEASE)}
 
     pods.append(start_pod(plane, RELEASE, NAMESPACE, "pod-a", address, tmp_path / "pod-a"))
@@ -220,16 +228,16 @@ def test_upgrade_from_the_previous_chart_keeps_the_certificate_and_the_held_devi
                             and s))  # fmt: skip
     assert holding == ("Bound", node, "vm")
     secret = kube.get(kinds.kind("Secret"), f"{RELEASE}-webhook-tls", NAMESPACE)["data"]
-    bundles = {
-        kind.kind: [h["clientConfig"]["caBundle"] for h in kube.get(kind, RELEASE)["webhooks"]] for kind in WEBHOOKS
-    }
+    before = {kind: kube.get(kind, configuration(kind, previous=True))["webhooks"] for kind in WEBHOOKS}
+    bundles = {kind.kind: [h["clientConfig"]["caBundle"] for h in hooks] for kind, hooks in before.items()}
 
     kubectl(plane, *CRD_STEP, stdin=helm.run("show", "crds", str(CHART)))
     notes = install(helm, CHART, address, verb="upgrade")
     assert "is upgraded: release" in notes
     assert kube.get(kinds.kind("Secret"), f"{RELEASE}-webhook-tls", NAMESPACE)["data"] == secret
-    assert {kind.kind: [h["clientConfig"]["caBundle"] for h in kube.get(kind, RELEASE)["webhooks"]]
+    assert {kind.kind: [h["clientConfig"]["caBundle"] for h in kube.get(kind, configuration(kind))["webhooks"]]
             for kind in WEBHOOKS} == bundles  # fmt: skip
+    assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, RELEASE) is None  # renamed: the old one went with the upgrade
     assert held(kube.get(kinds.GPU_DEVICE, "held", namespace)["status"]) == holding
 
     pods.pop().stop()  # the rollout: the old pod goes, a pod of the upgraded Deployment comes
@@ -242,7 +250,7 @@ def test_upgrade_from_the_previous_chart_keeps_the_certificate_and_the_held_devi
     pods.pop().stop()
 
     helm.run("uninstall", RELEASE, "--namespace", NAMESPACE)
-    assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, RELEASE) is None
+    assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, configuration(kinds.MUTATING_WEBHOOKS)) is None
     assert held(kube.get(kinds.GPU_DEVICE, "held", namespace)["status"]) == holding
     assert held(kube.get(kinds.GPU_DEVICE, "vm2-gpu-0", namespace)["status"]) == ("Bound", node, "vm2")
 

@@ -106,7 +106,7 @@ def test_the_notes_say_what_was_installed_how_to_check_it_and_where_the_docs_are
         f"PodDisruptionBudget {RELEASE}",
         f"NetworkPolicy {RELEASE}: the webhook port admits only the API server's addresses",
         f"kubectl -n {NAMESPACE} rollout status deployment/{RELEASE}",
-        f"kubectl get mutatingwebhookconfiguration,validatingwebhookconfiguration {RELEASE}",
+        f"kubectl get mutatingwebhookconfiguration/zz-{RELEASE} validatingwebhookconfiguration/{RELEASE}",
         "kubectl get gpuclasses",
         "helm show crds <the new chart> | kubectl apply --server-side --field-manager=helm --force-conflicts -f -",
         "docs/operating.md",

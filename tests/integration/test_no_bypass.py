@@ -98,7 +98,7 @@ def test_the_guard_holds_while_the_operator_is_down(
         assert "directly" in refused(kube, kinds.VMI, body)
     finally:
         process.kill()
-        for kind, name in ((kinds.MUTATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
+        for kind, name in ((kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME),
                            (kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
                            (kinds.POLICY_BINDING, policy.NAME), (kinds.POLICY, policy.NAME)):  # fmt: skip
             kube.delete(kind, name)
@@ -118,7 +118,7 @@ def test_dev_mode_leaves_the_policy_so_a_labelled_vmi_is_refused_while_no_operat
         assert admitted["metadata"]["annotations"][ANNOTATION_ADMITTED] == "true"
     finally:
         process.stop()
-    assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, webhooks.CONFIGURATION_NAME) is None
+    assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME) is None
     assert kube.get_or_none(kinds.POLICY_BINDING, policy.NAME) is not None
     message = refused(kube, kinds.VMI, vmi_body("unserved", namespace, [{"device": "held"}]))
     assert "VMI unserved references GPUDevices but the VMI webhook of the GPU operator did not admit it" in message

@@ -20,6 +20,7 @@ from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
+from cozygpu.runtime.admission import webhooks
 from tests.support.bodies import gpu_device_body, vmi_body
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.refusals import leftovers
@@ -83,8 +84,8 @@ def operator_with(plane: ControlPlane, directory: Path, rules: list[dict[str, ob
         yield process.start()
     finally:
         process.stop()
-        for kind in (kinds.MUTATING_WEBHOOKS, kinds.VALIDATING_WEBHOOKS):
-            kube.delete(kind, "cozy-gpu-operator")
+        kube.delete(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME)
+        kube.delete(kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME)
         kube.delete(kinds.kind("ClusterRoleBinding"), ROLE)
         kube.delete(kinds.kind("ClusterRole"), ROLE)
 

@@ -16,6 +16,7 @@ import requests
 from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
+from cozygpu.runtime.admission import webhooks
 from tests.support.bodies import vmi_body
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.webhooks import RELABEL_LABEL, labelling_webhook
@@ -37,7 +38,7 @@ def _cert() -> tuple[str, str]:
 
 def _hook(kube: Kube) -> tuple[str, str]:
     """The VMI webhook's URL and a CA file, read from the registered configuration."""
-    config = kube.get(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")
+    config = kube.get(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME)
     client = config["webhooks"][0]["clientConfig"]
     ca = tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False)  # noqa: SIM115 - read by requests below
     ca.write(base64.b64decode(client["caBundle"]))

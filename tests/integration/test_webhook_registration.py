@@ -13,6 +13,7 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster import identity
 from cozygpu.kube.adapter import ApiError, Kube
+from cozygpu.runtime.admission import webhooks
 from tests.support.bodies import gpu_device_body
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.objects import update
@@ -28,7 +29,7 @@ def test_configurations_follow_section_3_and_go_away_on_exit(
     operator = start_admitting_operator(operator_kubeconfig, tmp_path, "--webhook-timeout", "20")
     try:
         assert operator.ready()
-        mutating = kube.get(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")["webhooks"][0]
+        mutating = kube.get(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME)["webhooks"][0]
         assert mutating["objectSelector"] == {"matchLabels": {"gpu.cozystack.io/device-reference": "true"}}
         assert (mutating["reinvocationPolicy"], mutating["sideEffects"], mutating["failurePolicy"]) == (
             "IfNeeded", "NoneOnDryRun", "Fail")  # fmt: skip
@@ -42,7 +43,7 @@ def test_configurations_follow_section_3_and_go_away_on_exit(
                    for w in validating)  # fmt: skip
     finally:
         operator.stop()
-    assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator") is None
+    assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME) is None
     assert kube.get_or_none(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator") is None
 
 

@@ -56,7 +56,7 @@ FIELDS = [
 def endpoint(admitting: OperatorProcess, kube: Kube, api_server_cert: tuple[str, str]) -> tuple[str, str, Any]:
     """The webhook server's base URL and CA file, from the configuration the operator registered, and the client
     certificate the API server presents (§14.1)."""
-    client = kube.get(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")["webhooks"][0]["clientConfig"]
+    client = kube.get(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME)["webhooks"][0]["clientConfig"]
     ca = tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False)  # noqa: SIM115 - read by requests
     ca.write(base64.b64decode(client["caBundle"]))
     ca.close()

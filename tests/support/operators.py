@@ -8,6 +8,7 @@ from pathlib import Path
 from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
+from cozygpu.runtime.admission import webhooks
 from tests.support.bodies import gpu_device_body
 
 _RUNNING: list[OperatorProcess] = []
@@ -35,8 +36,8 @@ def unregister_webhooks(kube: Kube) -> None:
 
     Without the wait, the next writes (a cleanup, the next module's) may still be sent to a dead port.
     """
-    kube.delete(kinds.MUTATING_WEBHOOKS, "cozy-gpu-operator")
-    kube.delete(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator")
+    kube.delete(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME)
+    kube.delete(kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME)
 
     def let_go() -> bool:
         try:

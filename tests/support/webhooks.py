@@ -27,7 +27,7 @@ from cozygpu.kube.adapter import Kube
 DENY_LABEL = "test.cozy/deny"
 RELABEL_LABEL = "test.cozy/relabel"
 NAME = "test-denier"
-LABELLER = "zz-test-labeller"  # configurations are called in name order: after cozy-gpu-operator
+LABELLER = "zz-test-labeller"  # configurations are called in name order: after zz-cozy-gpu-operator
 
 
 def _deny(uid: str) -> dict[str, Any]:

@@ -37,7 +37,12 @@ def _without_client(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def chart_file() -> str:
     mutating, validating = webhooks.configurations(_URL, b"", _TIMEOUT, _USER)
-    text = json.dumps({"mutating": _without_client(mutating), "validating": _without_client(validating)}, indent=2)
+    # Each configuration's name is the chart's Service name after this prefix (the order, webhooks.MUTATING_PREFIX).
+    prefix = {"mutating": webhooks.MUTATING_PREFIX, "validating": ""}
+    text = json.dumps(
+        {"prefix": prefix, "mutating": _without_client(mutating), "validating": _without_client(validating)},
+        indent=2,
+    )
     for sentinel, template in _TEMPLATES.items():
         text = text.replace(sentinel, template)
     return text + "\n"

@@ -36,6 +36,11 @@ from cozygpu.api.names import (
 from cozygpu.settings import Settings
 
 CONFIGURATION_NAME = "cozy-gpu-operator"
+# The API server calls mutating configurations in the order of their names: ours sorts after KubeVirt's
+# (virt-api-mutator), so it sees a VMI with virt-api's defaults in place and is called once per VMI, not again
+# after virt-api changed it. Nothing relies on the order: reinvocationPolicy IfNeeded stays (§3).
+MUTATING_PREFIX = "zz-"
+MUTATING_NAME = MUTATING_PREFIX + CONFIGURATION_NAME
 
 # Handler ids (api.hooks, the one table); kopf serves each at /<id>.
 VMI_HOOK, POD_HOOK = hooks.VMI.id, hooks.POD.id
@@ -233,7 +238,7 @@ def configurations(
     mutating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": CONFIGURATION_NAME},
+        "metadata": {"name": MUTATING_NAME},
         "webhooks": [
             {
                 "name": f"vmi.{GROUP}",
