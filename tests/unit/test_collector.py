@@ -99,6 +99,27 @@ def test_a_device_attached_to_a_live_vmi_is_left_attached_and_protected() -> Non
     assert api is not None and api["status"]["attachedTo"]["uid"] == "u1"
 
 
+def test_a_template_device_gets_its_owner_and_its_finalizer_in_one_write() -> None:
+    """§6.1, §6.5: the owner and the in-use finalizer of a template device of a live VMI are one metadata write,
+    not two: each write a GPU VM start makes is one more on the API server that VM starts wait on."""
+    collector, _, view, kube = _collector()
+    view.apply(kinds.VMI, {"metadata": {"name": "v", "namespace": NS, "uid": "u1", "resourceVersion": "1"}})
+    _seen(view, kube, _attached("v-gpu-0", "v", "u1", template=True))
+
+    def owned_and_protected() -> bool:
+        api = _api(kube, "v-gpu-0")
+        meta = (api or {}).get("metadata") or {}
+        return FINALIZER_IN_USE in meta.get("finalizers", []) and bool(meta.get("ownerReferences"))
+
+    assert asyncio.run(run_until(collector.run, owned_and_protected))
+    api = _api(kube, "v-gpu-0")
+    assert api is not None
+    assert [(o["kind"], o["name"], o["uid"]) for o in api["metadata"]["ownerReferences"]] == [
+        ("VirtualMachineInstance", "v", "u1")
+    ]
+    assert kube.count("replace") == 1
+
+
 # -- the one writer's outcomes -------------------------------------------------------------
 
 

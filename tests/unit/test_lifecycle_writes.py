@@ -8,7 +8,7 @@ import pytest
 
 from cozygpu.api import GPUDevice
 from cozygpu.api.names import FINALIZER_IN_USE, KUBEVIRT_API_VERSION
-from cozygpu.decisions.lifecycle import Action, Do, metadata_changes, protected, status_after
+from cozygpu.decisions.lifecycle import Action, Do, metadata_changes, metadata_changes_of, protected, runs, status_after
 from tests.support.views import EPOCH, device, request
 
 OTHER = "example.com/keep-me"
@@ -78,3 +78,17 @@ def test_a_status_action_has_no_metadata_to_write() -> None:
     """The collector writes DETACH, CLEAR_REQUEST and RECORD_UID to the status subresource only."""
     with pytest.raises(ValueError, match="writes the status"):
         metadata_changes(in_use(), Action(Do.DETACH))
+
+
+def test_a_run_of_metadata_actions_is_one_write_and_status_actions_stay_apart() -> None:
+    """Consecutive metadata actions share one write, each built on the one before; a status action or a delete
+    is a write of its own, in the order decided."""
+    own, protect = Action(Do.OWN, "VMI vm owns it", "u1"), Action(Do.ADD_FINALIZER, "in use")
+    record, delete = Action(Do.RECORD_UID, "VMI vm exists", "u1"), Action(Do.DELETE, "gone")
+    assert runs([record, own, protect]) == [[record], [own, protect]]
+    assert runs([own, record, protect]) == [[own], [record], [protect]]
+    assert runs([Action(Do.REMOVE_FINALIZER, "x"), delete]) == [[Action(Do.REMOVE_FINALIZER, "x")], [delete]]
+    changes = metadata_changes_of(in_use(template=True), [own, protect])
+    assert set(changes) == {"owner_references", "finalizers"}
+    assert changes["finalizers"][-1] == FINALIZER_IN_USE
+    assert [o.uid for o in changes["owner_references"]] == ["u1"]

@@ -36,6 +36,10 @@ class Do(Enum):
     READ_VM = "read-vm"  # the decision needs the owner VM's wish to run: read it, and ask again (§6.6)
 
 
+# The actions that write the device's metadata (the rest but DELETE write its status).
+METADATA = frozenset({Do.OWN, Do.ADD_FINALIZER, Do.REMOVE_FINALIZER})
+
+
 @dataclass(frozen=True)
 class Action:
     do: Do
@@ -204,6 +208,28 @@ def metadata_changes(device: GPUDevice, action: Action) -> dict[str, Any]:
     if action.do in (Do.ADD_FINALIZER, Do.REMOVE_FINALIZER, Do.DELETE):
         return {"finalizers": protected(meta.finalizers, protect=action.do is Do.ADD_FINALIZER)}
     raise ValueError(f"{action.do.value} writes the status, not the metadata")
+
+
+def runs(actions: Sequence[Action]) -> list[list[Action]]:
+    """The actions in the order given, consecutive metadata actions (OWN and the finalizer actions) in one run,
+    which one write carries: a new template device's owner and in-use finalizer are one update, not two."""
+    out: list[list[Action]] = []
+    for action in actions:
+        if out and action.do in METADATA and out[-1][-1].do in METADATA:
+            out[-1].append(action)
+        else:
+            out.append([action])
+    return out
+
+
+def metadata_changes_of(device: GPUDevice, run: Sequence[Action]) -> dict[str, Any]:
+    """What a run of metadata actions changes, each built on what the ones before it changed."""
+    changes: dict[str, Any] = {}
+    for action in run:
+        step = metadata_changes(device, action)
+        device = device.model_copy(update={"metadata": device.metadata.model_copy(update=step)})
+        changes.update(step)
+    return changes
 
 
 def protected(finalizers: Sequence[str], *, protect: bool) -> list[str]:

@@ -31,8 +31,6 @@ from cozygpu.state.cluster import Change, Cluster, DeviceKey
 
 log = structlog.get_logger("cozygpu.collector")
 
-METADATA = {Do.OWN, Do.ADD_FINALIZER, Do.REMOVE_FINALIZER}
-
 
 class Collector:
     def __init__(
@@ -155,13 +153,12 @@ class Collector:
         key = (device.namespace or "", device.name)
         current: GPUDevice | None = device
         try:
-            for action in actions:
+            for run in lifecycle.runs(actions):
                 if current is None:
                     return
-                current = await self._do(current, action)
-                log.info(
-                    f"device.{action.do.value}", namespace=key[0], device=key[1], reason=action.reason, uid=action.uid
-                )
+                current = await self._do(current, run)
+                for a in run:
+                    log.info(f"device.{a.do.value}", namespace=key[0], device=key[1], reason=a.reason, uid=a.uid)
         except _Raced:
             # Someone wrote first: the view holds their version now, and the next pass looks again.
             self._dirty.add(key)
@@ -169,8 +166,9 @@ class Collector:
         except ApiError as e:
             log.warning("collector.write_failed", namespace=key[0], device=key[1], error=e.message)
 
-    async def _do(self, device: GPUDevice, action: Action) -> GPUDevice | None:
-        namespace = device.namespace or ""
+    async def _do(self, device: GPUDevice, run: list[Action]) -> GPUDevice | None:
+        """One write: a status action, a delete, or a run of metadata actions together."""
+        namespace, action = device.namespace or "", run[0]
         meta = device.metadata
         if action.do is Do.DELETE:
             target: GPUDevice | None = device
@@ -190,8 +188,8 @@ class Collector:
                     raise _Raced
             self._events.post(device, "Released", f"deleted: {action.reason}")
             return None
-        if action.do in METADATA:
-            return await self._write_meta(device, **lifecycle.metadata_changes(device, action))
+        if action.do in lifecycle.METADATA:
+            return await self._write_meta(device, **lifecycle.metadata_changes_of(device, run))
         status = lifecycle.status_after(device, action)
         outcome = await self._writer.replace_status(
             kinds.GPU_DEVICE, device.model_copy(update={"status": status}).wire()
