@@ -36,13 +36,16 @@ def _cert() -> tuple[str, str]:
     return _AS_API_SERVER[0]
 
 
+# The CA files _hook writes, removed with the module (they were left in /tmp, one per call).
+_CA_DIR = tempfile.TemporaryDirectory(prefix="cozygpu-test-ca-")
+
+
 def _hook(kube: Kube) -> tuple[str, str]:
     """The VMI webhook's URL and a CA file, read from the registered configuration."""
     config = kube.get(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME)
     client = config["webhooks"][0]["clientConfig"]
-    ca = tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False)  # noqa: SIM115 - read by requests below
-    ca.write(base64.b64decode(client["caBundle"]))
-    ca.close()
+    with tempfile.NamedTemporaryFile("wb", suffix=".crt", dir=_CA_DIR.name, delete=False) as ca:  # read by requests
+        ca.write(base64.b64decode(client["caBundle"]))
     return client["url"], ca.name
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import tempfile
 import uuid
 from typing import Any
 
@@ -53,14 +52,15 @@ FIELDS = [
 
 
 @pytest.fixture(scope="module")
-def endpoint(admitting: OperatorProcess, kube: Kube, api_server_cert: tuple[str, str]) -> tuple[str, str, Any]:
+def endpoint(
+    admitting: OperatorProcess, kube: Kube, api_server_cert: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, str, Any]:
     """The webhook server's base URL and CA file, from the configuration the operator registered, and the client
     certificate the API server presents (§14.1)."""
     client = kube.get(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME)["webhooks"][0]["clientConfig"]
-    ca = tempfile.NamedTemporaryFile("wb", suffix=".crt", delete=False)  # noqa: SIM115 - read by requests
-    ca.write(base64.b64decode(client["caBundle"]))
-    ca.close()
-    return client["url"].rsplit("/", 1)[0], ca.name, api_server_cert
+    ca = tmp_path_factory.mktemp("serving-ca") / "ca.crt"  # pytest's own directory: nothing left in /tmp
+    ca.write_bytes(base64.b64decode(client["caBundle"]))
+    return client["url"].rsplit("/", 1)[0], str(ca), api_server_cert
 
 
 def review(hook: str, obj: dict[str, Any], dry_run: bool = True) -> dict[str, Any]:
