@@ -144,9 +144,9 @@ def install(kube: Kube, docs: list[dict[str, Any]], webhook_port: int) -> None:
         kube.put_object(kinds.kind(kind), configuration)
 
 
-def uninstall(kube: Kube) -> None:
-    for kind in WEBHOOKS:
-        kube.delete(kinds.kind(kind), RELEASE)
+def uninstall(kube: Kube, docs: list[dict[str, Any]]) -> None:
+    for kind in WEBHOOKS:  # by the names the chart gives them (the mutating one's sorts after KubeVirt's)
+        kube.delete(kinds.kind(kind), one(docs, kind)["metadata"]["name"])
     kube.delete(kinds.kind("ClusterRoleBinding"), RELEASE)
     kube.delete(kinds.kind("ClusterRole"), RELEASE)
     kube.delete(kinds.NAMESPACE, NAMESPACE)
@@ -216,7 +216,7 @@ def deployed(
     finally:
         if container is not None:
             container.remove()
-        uninstall(kube)
+        uninstall(kube, docs)
 
 
 def gpunode_units(kube: Kube, node: str) -> int:
