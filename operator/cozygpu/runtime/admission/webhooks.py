@@ -71,8 +71,9 @@ HOOKS = frozenset(hook.id for hook in hooks.HOOKS)
 # What the API server may send: etcd stores objects up to 1.5 MiB, and a review carries the object and
 # its old version; aiohttp's default would cut bodies at 1 MiB.
 MAX_REVIEW_BYTES = 4 * 1024 * 1024
-# The API server's longest wait for a webhook: a body still arriving after it comes from no live call.
-LONGEST_CALL = 30.0
+# The API server writes a review at once: a body still arriving after this long is from no caller worth waiting
+# for, and waiting longer would let it hold a replica's drain past the pod's grace period (§10).
+BODY_WITHIN = 10.0
 
 
 def envelope_problem(review: Any) -> str | None:
@@ -123,7 +124,7 @@ class ReviewServer(kopf.WebhookServer):
     408: a caller that sends half a body and stops would otherwise hold a replica's drain for 60 s."""
 
     closing: Callable[[], bool] = staticmethod(lambda: False)
-    read_within: float = LONGEST_CALL
+    read_within: float = BODY_WITHIN
 
     async def _serve(self, fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:  # type: ignore[override]
         if request.match_info.get("id") not in HOOKS:
@@ -179,7 +180,7 @@ def _clients_of(client_ca: bytes | None) -> dict[str, Any]:
     return {"verify_mode": ssl.CERT_REQUIRED, "verify_cadata": client_ca.decode()}
 
 
-def dev_serving(host: str, port: int, client_ca: bytes | None = None, read_within: float = LONGEST_CALL) -> Serving:
+def dev_serving(host: str, port: int, client_ca: bytes | None = None, read_within: float = BODY_WITHIN) -> Serving:
     """A self-signed CA and a serving certificate for `host`, in a private temporary directory."""
     directory = Path(tempfile.mkdtemp(prefix="cozygpu-webhook-"))
     ca = tls.Authority("cozy-gpu-operator webhook CA (dev)")
@@ -197,7 +198,7 @@ def dev_serving(host: str, port: int, client_ca: bytes | None = None, read_withi
 
 def cluster_serving(settings: Settings, client_ca: bytes | None, closing: Callable[[], bool]) -> ReviewServer:
     """The chart's mounted certificate (tls.crt, tls.key); kopf reloads it when the files change. `closing` says
-    when the replica drains; a body is awaited for as long as the API server waits for us."""
+    when the replica drains."""
     server = ReviewServer(
         addr=settings.webhook_host,
         port=settings.webhook_port or 9443,
@@ -205,7 +206,7 @@ def cluster_serving(settings: Settings, client_ca: bytes | None, closing: Callab
         pkeyfile=str(settings.webhook_cert_dir / "tls.key"),
         **_clients_of(client_ca),
     )
-    server.read_within, server.closing = settings.webhook_timeout, closing
+    server.closing = closing
     return server
 
 

@@ -232,7 +232,7 @@ class Operator:
         if mode == "dev":
             host = "127.0.0.1"
             port = self.settings.webhook_port or _free_port(host)
-            self.registration.serving = webhooks.dev_serving(host, port, self._client_ca, self.settings.webhook_timeout)
+            self.registration.serving = webhooks.dev_serving(host, port, self._client_ca)
             settings.admission.server = self.registration.serving.server
         elif mode == "cluster":
             server = webhooks.cluster_serving(self.settings, self._client_ca, lambda: self.stopping)
