@@ -204,22 +204,30 @@ def test_a_device_idle_long_enough_is_moved_when_it_has_been_with_no_other_event
     assert _where(kube, "b", "b") == "Y"
 
 
-def test_a_younger_order_one_move_would_place_is_not_kept_waiting_behind_an_older_one_none_can() -> None:
-    """§5.5, §5.7: when a device turns idle, the first few waiting of its class are decided again, not only the
-    oldest: an 8-unit order no move can place does not keep a 4-unit one waiting that one move places."""
+def _full_but_for_q() -> tuple[Binder, View, MemKube]:
+    """Two 8-unit nodes: n1 holds p (4) and q (2), n2 holds r (6), all attached; q's VM is about to stop."""
     binder, view, kube = _cloud({"n1": 8, "n2": 8})
     _seen(view, kube, device("p", count=4, namespace="x", phase="Bound", node_name="n1", status=_attached("vp")))
     _seen(view, kube, device("q", count=2, namespace="x", phase="Bound", node_name="n1", status=_attached("vq")))
     _seen(view, kube, device("r", count=6, namespace="x", phase="Bound", node_name="n2", status=_attached("vr")))
+    return binder, view, kube
+
+
+async def _mid_placed_once_q_stops(view: View, kube: MemKube) -> bool:
+    """`mid` (4 units, tenant t2) waits while q is attached, and is placed once q's VM stops (one move)."""
+    assert not await _until(lambda: _where(kube, "t2", "mid") is not None, SHORT)
+    _set_status(view, kube, "x", "q", {"phase": "Bound", "nodeName": "n1"})  # q's VM stops
+    return await _until(lambda: _where(kube, "t2", "mid") is not None)
+
+
+def test_a_younger_order_one_move_would_place_is_not_kept_waiting_behind_an_older_one_none_can() -> None:
+    """§5.5, §5.7: when a device turns idle, the first few waiting of its class are decided again, not only the
+    oldest: an 8-unit order no move can place does not keep a 4-unit one waiting that one move places."""
+    binder, view, kube = _full_but_for_q()
     _seen(view, kube, device("big", count=8, created=10))
     _seen(view, kube, device("mid", count=4, namespace="t2", created=20))
 
-    async def scenario() -> bool:
-        assert not await _until(lambda: _where(kube, "t2", "mid") is not None, SHORT)
-        _set_status(view, kube, "x", "q", {"phase": "Bound", "nodeName": "n1"})  # q's VM stops
-        return await _until(lambda: _where(kube, "t2", "mid") is not None)
-
-    assert _running(binder, scenario)
+    assert _running(binder, lambda: _mid_placed_once_q_stops(view, kube))
     assert _where(kube, "t1", "big") is None and all(units <= 8 for units in _held(kube).values())
 
 
@@ -270,20 +278,12 @@ def test_a_steady_stream_of_other_events_does_not_put_off_a_device_ripening() ->
 def test_older_orders_no_move_can_place_do_not_keep_a_younger_smaller_one_waiting() -> None:
     """§5.5, §5.7: four older 8-unit orders no move can place; a younger 4-unit one that one move places is
     decided again when a device turns idle (the oldest of each size is). Before, only the four oldest were."""
-    binder, view, kube = _cloud({"n1": 8, "n2": 8})
-    _seen(view, kube, device("p", count=4, namespace="x", phase="Bound", node_name="n1", status=_attached("vp")))
-    _seen(view, kube, device("q", count=2, namespace="x", phase="Bound", node_name="n1", status=_attached("vq")))
-    _seen(view, kube, device("r", count=6, namespace="x", phase="Bound", node_name="n2", status=_attached("vr")))
+    binder, view, kube = _full_but_for_q()
     for i in range(4):
         _seen(view, kube, device(f"big{i}", count=8, created=10 + i))
     _seen(view, kube, device("mid", count=4, namespace="t2", created=20))
 
-    async def scenario() -> bool:
-        assert not await _until(lambda: _where(kube, "t2", "mid") is not None, SHORT)
-        _set_status(view, kube, "x", "q", {"phase": "Bound", "nodeName": "n1"})  # q's VM stops
-        return await _until(lambda: _where(kube, "t2", "mid") is not None)
-
-    assert _running(binder, scenario)
+    assert _running(binder, lambda: _mid_placed_once_q_stops(view, kube))
 
 
 def test_a_backlog_of_orders_needing_moves_writes_a_bounded_number_of_moves_at_once() -> None:
