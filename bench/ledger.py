@@ -3,9 +3,13 @@
 On a local control plane with the operator (`cozygpu run --dev`, its own identity), both namespaces under a
 GPUBudget, so every create goes through the order ledger (runtime/ledger.py):
 - alone: `--count` creates in `quiet`, one after another, each timed;
-- beside: the same, while `--burst` clients in `noisy` create held devices without pause.
-Prints p50 and p99 of the quiet tenant's creates beside and alone, the ratio, and how many of them and of the
-burst's failed (an error, not a refusal: the budgets are generous); asserts nothing.
+- beside: the same, while `--burst` clients in `noisy` create held devices without pause;
+- and beside the same burst, one create in `open` after each in `quiet`: a namespace no budget covers, whose
+  creates never meet the ledger. What `quiet` pays beyond `open` is the ledger's; what both pay beyond alone
+  is the machine's two cores, shared with the burst.
+Prints p50 and p99 of the quiet tenant's creates beside and alone, the ratio, the same for `open` beside the
+burst against `quiet` beside it, and how many of them and of the burst's failed (an error, not a refusal: the
+budgets are generous); asserts nothing.
 Run: `make bench` (or `python bench/ledger.py`).
 """
 
@@ -34,20 +38,22 @@ def held(name: str, namespace: str) -> dict:
             "spec": {"className": "bench", "count": 1}}  # fmt: skip
 
 
-def quiet_creates(kube: Kube, count: int, failed: list[str]) -> list[float]:
-    """Each create's duration, one after another; each created device deleted again (the budget stays open)."""
+def quiet_creates(kube: Kube, count: int, failed: list[str], namespaces: tuple[str, ...] = ("quiet",)) -> list[float]:
+    """Each create's duration, one after another, taking the namespaces in turn (the durations in the same
+    turn); each created device deleted again (the budget stays open)."""
     out = []
-    for _ in range(count):
+    for i in range(count * len(namespaces)):
+        namespace = namespaces[i % len(namespaces)]
         name = f"q{uuid.uuid4().hex[:8]}"
         start = time.perf_counter()
         try:
-            kube.create(kinds.GPU_DEVICE, held(name, "quiet"))
+            kube.create(kinds.GPU_DEVICE, held(name, namespace))
         except ApiError as e:
             failed.append(e.message)
             continue
         finally:
             out.append(time.perf_counter() - start)
-        kube.delete(kinds.GPU_DEVICE, name, "quiet")
+        kube.delete(kinds.GPU_DEVICE, name, namespace)
     return out
 
 
@@ -59,7 +65,7 @@ def main() -> None:
     args = p.parse_args()
     with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
         kube = plane.kube()
-        fill(kube, args.nodes, ("quiet", "noisy"))
+        fill(kube, args.nodes, ("quiet", "noisy", "open"))
         for ns in ("quiet", "noisy"):
             kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
                                            "metadata": {"name": "generous", "namespace": ns},
@@ -89,7 +95,8 @@ def main() -> None:
             for t in threads:
                 t.start()
             time.sleep(1)  # the burst under way
-            beside = quiet_creates(kube, args.count, beside_failed)
+            both = quiet_creates(kube, args.count, beside_failed, ("quiet", "open"))
+            beside, unbudgeted = both[0::2], both[1::2]
             noisy.clear()
             for t in threads:
                 t.join()
@@ -100,6 +107,9 @@ def main() -> None:
     print(f"{'':<28}{'beside':>13}{'alone':>15}{'ratio':>11}")
     row("p50", statistics.median(beside), statistics.median(alone))
     row("p99", pct(beside, 0.99), pct(alone, 0.99))
+    print(f"{'':<28}{'quiet':>13}{'open':>15}{'ratio':>11}   (beside the burst; open: no budget, no ledger)")
+    row("p50", statistics.median(beside), statistics.median(unbudgeted))
+    row("p99", pct(beside, 0.99), pct(unbudgeted, 0.99))
     print(f"failed: {len(beside_failed)} beside, {len(alone_failed)} alone; the burst made {burst_made[0]} devices,"
           f" {burst_failed[0]} of its creates failed")  # fmt: skip
     for message in sorted(set(beside_failed + alone_failed))[:3]:

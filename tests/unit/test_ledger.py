@@ -322,3 +322,48 @@ def test_creates_of_one_name_racing_on_two_replicas_count_as_two_orders() -> Non
     assert asyncio.run(_create_as(c, "x", 1, "small"))
     assert not asyncio.run(_create_as(c, "y", 7, "y"))
     assert not asyncio.run(_create_as(d, "z", 7, "z"))
+
+
+def _ledger_calls(kube: MemKube, method: str) -> int:
+    return sum(1 for m, kind, _ in kube.calls if kind == "ConfigMap" and m == method)
+
+
+def test_a_replica_alone_decides_each_moment_on_the_ledger_it_last_wrote() -> None:
+    """One replica, creates one after another: the ledger is read once, at the first; every later moment writes
+    under the version its own last write returned, one API round trip, not a read and a write."""
+    kube = MemKube()
+    assert _admitted([_replica(kube)], ["a", "b", "c"]) == ["a", "b"]
+    assert (_ledger_calls(kube, "get"), _ledger_calls(kube, "create"), _ledger_calls(kube, "replace")) == (1, 1, 1)
+
+
+def test_after_a_conflict_the_next_moments_read_before_they_write() -> None:
+    """Another replica writes the ledger between two of this one's moments: the write on the version this one
+    last wrote conflicts, it reads and decides again (so the other's order counts), and while another replica is
+    writing, its next moment reads first instead of paying a failed write again."""
+    kube = MemKube()
+    a = _replica(kube)
+    assert asyncio.run(_create(a, "a", "r1"))
+
+    def meanwhile() -> None:
+        stored = kube.stored(CONFIG_MAP, NAME, OPS)
+        assert stored is not None
+        entry = json.dumps({"namespace": "t1", "name": "b", "class": "a10", "count": 1, "expires": time.time() + 30})
+        kube.change(CONFIG_MAP, {**stored, "data": {**stored["data"], "t1.b": entry}})
+
+    kube.before_next("replace", meanwhile)
+    assert not asyncio.run(_create(a, "c", "r3"))  # b, written by the other replica, fills the budget
+    assert (_ledger_calls(kube, "get"), _ledger_calls(kube, "replace")) == (2, 1)  # the conflict, then a read
+    calls = len(kube.calls)
+    asyncio.run(_create(a, "d", "r4"))
+    assert [m for m, kind, _ in kube.calls[calls:] if kind == "ConfigMap"][:1] == ["get"]
+
+
+def test_a_ledger_deleted_since_this_replica_wrote_it_is_made_again() -> None:
+    """Someone deletes the ledger: the next write on the version this replica last wrote finds nothing, and the
+    moment reads and creates it again rather than failing every order of the moment."""
+    kube = MemKube()
+    a = _replica(kube)
+    assert asyncio.run(_create(a, "a", "r1"))
+    kube.remove(CONFIG_MAP, NAME, OPS)
+    assert asyncio.run(_create(a, "b", "r2"))
+    assert sorted((kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}) == ["t1.b"]

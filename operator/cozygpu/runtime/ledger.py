@@ -11,7 +11,10 @@ by runtime.admission.validation (held creates) and runtime.workers.orders (the b
 A process writes the ledger one write at a time: the orders of one moment, from every tenant and
 from the binder, share one read and one write (group commit), so a tenant's burst of creates
 costs one turn per moment, not one per create, and cannot make another tenant's order lose
-every turn to it (§14). Only other replicas' writes contend.
+every turn to it (§14). Only other replicas' writes contend. A moment decides on the ledger as
+this process last wrote it, without reading it again, unless another replica wrote since: the
+write then conflicts and the moment reads and decides again; after a conflict, moments read first
+for a while, so replicas taking turns do not each pay a failed write.
 
 An entry is counted by a replica until its own view counts the device (§7.2): the device of the
 entry's uid, since a name is free again the moment its device goes. The first writer whose view
@@ -33,7 +36,7 @@ from typing import Any, TypeVar
 
 from cozygpu.api import kinds
 from cozygpu.decisions.budgets import Order
-from cozygpu.kube.adapter import AlreadyExists, AsyncKube, Conflict
+from cozygpu.kube.adapter import AlreadyExists, AsyncKube, Conflict, NotFound
 from cozygpu.state.cluster import Cluster
 
 CONFIG_MAP = kinds.kind("ConfigMap")
@@ -42,6 +45,8 @@ NAME = "cozy-gpu-orders"
 ATTEMPTS = 20
 # Seconds an entry stays after its writer's view counts it: every replica's watch has it by then.
 SETTLE = 5.0
+# Seconds after a conflict during which a moment reads the ledger before it writes: another replica is writing.
+CONTENDED = 2.0
 
 # A moment's decisions yield to the event loop after this many, or this long (§14.3: a pass yields every 2 ms).
 YIELD_EVERY, YIELD_AFTER = 32, 0.002
@@ -92,6 +97,9 @@ class Ledger:
         self._cluster, self._mine, self._budgets_required = cluster, mine, budgets_required
         self._queue: list[_Turn] = []
         self._task: asyncio.Task[None] | None = None
+        # The ledger as this process last wrote it, and when a write of it last conflicted (time.monotonic()).
+        self._written: dict[str, Any] | None = None
+        self._conflicted = -CONTENDED
 
     def needed(self, namespace: str) -> bool:
         """Whether an order there can exceed anything: a budget covers the namespace (or one is required, §7)."""
@@ -142,7 +150,10 @@ class Ledger:
     async def _commit(self, batch: list[_Turn]) -> None:
         """Decide every turn on one read and write their orders at once; each turn's outcome is set once written."""
         for _ in range(ATTEMPTS):
-            body = await self._kube.get_or_none(CONFIG_MAP, NAME, self._namespace)
+            body = self._written if time.monotonic() - self._conflicted >= CONTENDED else None
+            self._written = None  # trusted once: a conflict, or any failure, and the next attempt reads
+            if body is None:
+                body = await self._kube.get_or_none(CONFIG_MAP, NAME, self._namespace)
             now = self._clock()
             live, others = {}, []
             for key, entry in _entries(body).items():
@@ -179,9 +190,9 @@ class Ledger:
                     key = _key(ns, f"{name}.{uid}")  # a create of the name racing another's: both orders count
                 live[key] = Entry(ns, name, order.class_name, order.count, now + self._ttl, uid)
             try:
-                if new:
-                    await self._write(body, live)
-            except (Conflict, AlreadyExists):
+                self._written = await self._write(body, live) if new else body
+            except (Conflict, AlreadyExists, NotFound):  # NotFound: deleted since this process last wrote it
+                self._conflicted = time.monotonic()
                 continue  # another replica landed first: read its orders and decide again
             for turn, result, error in outcomes:
                 if turn.done.done():
@@ -201,20 +212,20 @@ class Ledger:
             return False
         return device.in_use and not self._cluster.assumed(entry.namespace, entry.name)
 
-    async def _write(self, body: dict[str, Any] | None, entries: dict[str, Entry]) -> None:
+    async def _write(self, body: dict[str, Any] | None, entries: dict[str, Entry]) -> dict[str, Any]:
+        """The ledger written under the version of `body` (created when there is none): the API's answer."""
         data = {k: json.dumps({"namespace": e.namespace, "name": e.name, "class": e.class_name, "count": e.count,
                                "expires": e.expires, "uid": e.uid, "counted": e.counted})
                 for k, e in entries.items()}  # fmt: skip
         meta: dict[str, Any] = {"name": NAME, "namespace": self._namespace}
         if body is None:
-            await self._kube.create(
+            return await self._kube.create(
                 CONFIG_MAP, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
             )
-        else:
-            meta["resourceVersion"] = body["metadata"]["resourceVersion"]
-            await self._kube.replace(
-                CONFIG_MAP, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
-            )
+        meta["resourceVersion"] = body["metadata"]["resourceVersion"]
+        return await self._kube.replace(
+            CONFIG_MAP, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+        )
 
 
 def _key(namespace: str, name: str) -> str:
