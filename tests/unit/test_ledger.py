@@ -67,6 +67,18 @@ def test_without_the_ledger_two_replicas_together_exceed_the_budget() -> None:
         "a", "b", "c", "d"]  # fmt: skip
 
 
+def _another_replica_writes_b_before_the_next_write(kube: MemKube) -> None:
+    """Another replica's admission of b (1 unit in t1) lands in the ledger just before this one's next write."""
+
+    def meanwhile() -> None:
+        stored = kube.stored(CONFIG_MAP, NAME, OPS)
+        assert stored is not None
+        entry = json.dumps({"namespace": "t1", "name": "b", "class": "a10", "count": 1, "expires": time.time() + 30})
+        kube.change(CONFIG_MAP, {**stored, "data": {**stored["data"], "t1.b": entry}})
+
+    kube.before_next("replace", meanwhile)
+
+
 def test_a_replica_that_loses_the_write_checks_again_with_the_winners_order() -> None:
     """Two admissions read the same ledger; the other replica writes first; this one's write conflicts, it reads
     again, and its order no longer fits."""
@@ -74,14 +86,7 @@ def test_a_replica_that_loses_the_write_checks_again_with_the_winners_order() ->
     a = _replica(kube)
     assert asyncio.run(_create(a, "a", "r1"))
 
-    def meanwhile() -> None:
-        # Another replica's admission of b lands between a's read and a's write.
-        stored = kube.stored(CONFIG_MAP, NAME, OPS)
-        assert stored is not None
-        entry = json.dumps({"namespace": "t1", "name": "b", "class": "a10", "count": 1, "expires": time.time() + 30})
-        kube.change(CONFIG_MAP, {**stored, "data": {**stored["data"], "t1.b": entry}})
-
-    kube.before_next("replace", meanwhile)
+    _another_replica_writes_b_before_the_next_write(kube)
     assert not asyncio.run(_create(a, "c", "r3"))
     data: dict[str, Any] = (kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}
     assert sorted(data) == ["t1.a", "t1.b"]
@@ -344,13 +349,7 @@ def test_after_a_conflict_the_next_moments_read_before_they_write() -> None:
     a = _replica(kube)
     assert asyncio.run(_create(a, "a", "r1"))
 
-    def meanwhile() -> None:
-        stored = kube.stored(CONFIG_MAP, NAME, OPS)
-        assert stored is not None
-        entry = json.dumps({"namespace": "t1", "name": "b", "class": "a10", "count": 1, "expires": time.time() + 30})
-        kube.change(CONFIG_MAP, {**stored, "data": {**stored["data"], "t1.b": entry}})
-
-    kube.before_next("replace", meanwhile)
+    _another_replica_writes_b_before_the_next_write(kube)
     assert not asyncio.run(_create(a, "c", "r3"))  # b, written by the other replica, fills the budget
     assert (_ledger_calls(kube, "get"), _ledger_calls(kube, "replace")) == (2, 1)  # the conflict, then a read
     calls = len(kube.calls)
