@@ -21,6 +21,11 @@ Then the operator's own mean answer times in the timed rounds, from its /metrics
 webhook is called once a VMI (its configuration sorts after virt-api's, so nothing changes the VMI after it). Read
 with it: virt-controller creates VMIs from 3 workers (its default --vm-controller-threads), so with 20 VMs
 at once a VMI's admission time is waited for again by the VMs queued behind it.
+Last, what each kind costs the machine per VM started and stopped (its batch and its clean-up, timed rounds):
+the API server's writes (POST, PUT, PATCH, DELETE, from its apiserver_request_total) and the CPU seconds of
+every process here (this one and those it started: etcd, kube-apiserver, kube-scheduler, virt-api,
+virt-controller, the operator), side by side; on a machine whose cores the burst fills, the added time
+follows these.
 p99 is the sample at rank floor(0.99 n): of 100, the slowest. Asserts nothing.
 Run: `make bench` (or `python bench/vmstart.py --rounds 2`); loopback only.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import os
 import re
 import sys
 import tempfile
@@ -138,6 +144,34 @@ def batch(clients: list[Kube], seen: tuple[Seen, Seen], names: list[str], gpu_cl
     return [(vmis.made[n] - sent[n], pods.made[n] - sent[n], pods.bound[n] - sent[n]) for n in names]
 
 
+REQUESTS = re.compile(r'^apiserver_request_total\{(.*verb="(?:POST|PUT|PATCH|DELETE)".*)\} (\S+)$')
+
+
+def api_writes(kube: Kube) -> float:
+    """The writes the API server has answered so far, from its own counter."""
+    return sum(float(m[2]) for line in kube.raw_get("/metrics").text.splitlines() if (m := REQUESTS.match(line)))
+
+
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process and every process it started, and theirs."""
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            parents[int(entry.name)] = int(fields[1])
+            used[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    ours, todo = set(), [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        ours.add(pid)
+        todo += [child for child, parent in parents.items() if parent == pid and child not in ours]
+    return sum(used.get(pid, 0.0) for pid in ours)
+
+
 def clean(kube: Kube, names: list[str], gpu: bool) -> None:
     """Delete the batch's VMs; wait until their VMIs, launcher pods and template devices are gone."""
     for name in names:
@@ -200,6 +234,7 @@ def main() -> None:
     started = time.monotonic()
     n = args.concurrency
     samples: dict[str, list[Start]] = {"gpu": [], "plain": []}
+    costs: dict[str, list[float]] = {"gpu": [0.0, 0.0], "plain": [0.0, 0.0]}  # API writes, CPU seconds
     with tempfile.TemporaryDirectory() as tmp, cluster(Path(tmp)) as up:
         if up is None:
             return
@@ -224,10 +259,13 @@ def main() -> None:
                 order = ("gpu", "plain") if r % 2 == 0 else ("plain", "gpu")
                 for kind in order:
                     names = [f"{kind}-{r}-{i:02d}" for i in range(n)]
+                    before = (api_writes(kube), cpu_seconds())
                     got = batch(clients, seen, names, gpu.cls if kind == "gpu" else None)
+                    clean(kube, names, kind == "gpu")
                     if r > 0:
                         samples[kind] += got
-                    clean(kube, names, kind == "gpu")
+                        costs[kind][0] += api_writes(kube) - before[0]
+                        costs[kind][1] += cpu_seconds() - before[1]
                 if r == 0:
                     warm = answers(operator, token)
         finally:
@@ -236,6 +274,14 @@ def main() -> None:
         spent = {k: [v[0] - warm.get(k, [0.0, 0.0])[0], v[1] - warm.get(k, [0.0, 0.0])[1]]
                  for k, v in answers(operator, token).items()}  # fmt: skip
     report(samples, spent, args, ready, time.monotonic() - started)
+    per_vm = {k: [v / max(1, len(samples[k])) for v in c] for k, c in costs.items()}
+    print(f"{'per VM started and stopped, mean':<32}{'GPU VMs':>10}{'no GPUs':>10}{'added':>10}{'ratio':>9}")
+    for label, i, unit in (("  API writes", 0, ""), ("  CPU seconds, every process", 1, "s")):
+        ours, peer = per_vm["gpu"][i], per_vm["plain"][i]
+        print(
+            f"{label:<32}{ours:>8.2f}{unit:<2}{peer:>8.2f}{unit:<2}{ours - peer:>8.2f}{unit:<2}"
+            f"{ours / peer if peer else float('nan'):>8.2f}x"
+        )
 
 
 def row(label: str, ours: float, peer: float) -> None:
