@@ -15,7 +15,7 @@ from cozygpu.decisions.budgets import Order
 from cozygpu.kube.adapter import ApiError, AsyncKube, Conflict
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Denied, Validation
-from cozygpu.runtime.ledger import CONFIG_MAP, NAME, Busy, Ledger
+from cozygpu.runtime.ledger import CONFIG_MAP, HELD_BYTES, HELD_MAX, NAME, Busy, Entry, Ledger, _key, _size, _value
 from cozygpu.runtime.view import View
 from tests.support.memkube import MemKube
 from tests.support.views import A10, budget, cluster, device, gpu_class, node
@@ -366,3 +366,60 @@ def test_a_ledger_deleted_since_this_replica_wrote_it_is_made_again() -> None:
     kube.remove(CONFIG_MAP, NAME, OPS)
     assert asyncio.run(_create(a, "b", "r2"))
     assert sorted((kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}) == ["t1.b"]
+
+
+def test_one_namespace_flooding_the_ledger_is_refused_before_it_fills_and_another_is_not() -> None:
+    """§14: the ledger is one ConfigMap (the API server caps its data at 1 MiB, and a write past that fails every
+    tenant's orders); held orders fill it only so far: past that, the namespace holding more than its share is
+    refused, its message naming it, while another namespace's order is admitted."""
+    kube = MemKube()
+    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
+                   budgets=[budget("big", namespace="t1", limits={"a10": 10_000}),
+                            budget("cap", namespace="t2", limits={"a10": 10})])  # fmt: skip
+    reservations = Reservations(ttl=30)
+    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device, held_bytes=4096)
+    replica = Validation(view, reservations, ledger=ledger)
+
+    async def run() -> tuple[list[str], str]:
+        flood = [await _outcome(replica, "t1", f"flood-{i:03d}-{'x' * 100}") for i in range(40)]
+        return flood, await _outcome(replica, "t2", "other")
+
+    flood, other = asyncio.run(run())
+    refused = [o for o in flood if o != "admitted"]
+    assert 0 < len(refused) < 40 and flood[0] == "admitted"
+    assert all(o.startswith("denied: GPUDevice flood-") and "namespace t1 has" in o for o in refused), refused[0]
+    assert other == "admitted"
+    data: dict[str, str] = (kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}
+    assert sum(len(k) + len(v) for k, v in data.items()) <= 4096 + 512  # the share, and the other's one entry
+
+
+def test_held_orders_never_take_the_ledger_past_its_most_however_many_namespaces_share_it() -> None:
+    """§14: one namespace fills the held orders' room, then 250 others each order once, each under its share: they
+    still stop where the room for held orders ends (HELD_MAX, as a part of `held_bytes`), so tenants spread over many
+    namespaces cannot fill the ledger for the binder's orders either (by shares alone it would reach twice the room)."""
+    kube = MemKube()
+    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
+                   budgets=[budget(f"b{i}", namespace=f"t{i}", limits={"a10": 1000}) for i in range(251)])  # fmt: skip
+    reservations = Reservations(ttl=30)
+    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device, held_bytes=16384)
+    replica = Validation(view, reservations, ledger=ledger)
+
+    async def run() -> tuple[list[str], list[str]]:
+        first = [await _outcome(replica, "t0", f"a{i:03d}") for i in range(200)]
+        return first, [await _outcome(replica, f"t{i}", "b") for i in range(1, 251)]
+
+    first, others = asyncio.run(run())
+    assert first[0] == "admitted" and first[-1] != "admitted"
+    assert others[0] == "admitted" and others[-1] != "admitted"
+    data: dict[str, str] = (kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}
+    assert sum(len(k) + len(v) for k, v in data.items()) <= 16384 * HELD_MAX // HELD_BYTES
+
+
+def test_an_entrys_size_is_never_less_than_it_takes_in_the_config_map() -> None:
+    """The room is counted without writing entries out: the estimate is never below what is written, so the ledger
+    cannot pass the API server's limit by an estimate too low."""
+    entries = [Entry("t1", "d", "a10", 1, time.time() + 30), Entry("n" * 63, "x" * 253, "c" * 253, 10**6,
+               time.time() + 30, "u" * 36, time.time())]  # fmt: skip
+    for e in entries:
+        key = _key(e.namespace, e.name)
+        assert len(key) + len(_value(e)) <= _size(key, e) <= len(key) + len(_value(e)) + 64

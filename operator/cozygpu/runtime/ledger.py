@@ -48,6 +48,11 @@ SETTLE = 5.0
 # Seconds after a conflict during which a moment reads the ledger before it writes: another replica is writing.
 CONTENDED = 2.0
 
+# The ledger is one ConfigMap, whose data the API server caps at 1 MiB: a write past that fails, and with it every
+# order of every tenant (fail closed). Held orders may fill it to HELD_BYTES; past that, only a namespace under its
+# share of HELD_BYTES (§14), and never past HELD_MAX: the rest is left to the binder's template orders.
+HELD_BYTES, HELD_MAX = 512 * 1024, 768 * 1024
+
 # A moment's decisions yield to the event loop after this many, or this long (§14.3: a pass yields every 2 ms).
 YIELD_EVERY, YIELD_AFTER = 32, 0.002
 
@@ -64,6 +69,33 @@ class Entry:
     expires: float  # wall-clock seconds: every replica reads the same entries
     uid: str = ""  # the device's: another device of the same name is another order
     counted: float | None = None  # when a writer's view first counted the device
+
+
+class _Room:
+    """How much of the ledger each namespace's entries take, while one moment decides: a held order of a namespace
+    past its share is refused once the entries come to `limit` bytes, so one tenant cannot fill the ledger."""
+
+    def __init__(self, entries: Mapping[str, Entry], limit: int) -> None:
+        self._limit, self._most = limit, limit * HELD_MAX // HELD_BYTES
+        self._by_namespace: dict[str, int] = {}
+        self._total = 0
+        for key, entry in entries.items():
+            self.take(entry.namespace, _size(key, entry))
+
+    def refusal(self, namespace: str, name: str, size: int) -> str | None:
+        mine, total = self._by_namespace.get(namespace, 0), self._total + size
+        if total <= self._limit:
+            return None
+        if total <= self._most and mine + size <= self._limit // len(self._by_namespace.keys() | {namespace}):
+            return None  # under its share: another namespace's flood does not refuse it
+        return (
+            f"GPUDevice {name}: namespace {namespace} has {mine // 1024 + 1} KiB of orders in the operator's order"
+            " ledger, more than its share while the ledger is full; retry once its devices are created"
+        )
+
+    def take(self, namespace: str, size: int) -> None:
+        self._by_namespace[namespace] = self._by_namespace.get(namespace, 0) + size
+        self._total += size
 
 
 class Busy(Exception):
@@ -90,6 +122,7 @@ class Ledger:
         mine: Callable[[str, str, str], bool] = lambda namespace, name, uid: False,
         budgets_required: bool = False,
         clock: Callable[[], float] = time.time,
+        held_bytes: int = HELD_BYTES,
     ) -> None:
         """`mine`: orders this process counts already though its view does not (its reservations); what its
         binder decided and has not written yet (assumed in the view) it counts too."""
@@ -100,6 +133,8 @@ class Ledger:
         # The ledger as this process last wrote it, and when a write of it last conflicted (time.monotonic()).
         self._written: dict[str, Any] | None = None
         self._conflicted = -CONTENDED
+        self._held_bytes = held_bytes
+        self._room = _Room({}, held_bytes)  # the moment being decided's
 
     def needed(self, namespace: str) -> bool:
         """Whether an order there can exceed anything: a budget covers the namespace (or one is required, §7)."""
@@ -109,8 +144,13 @@ class Ledger:
         """One held create: `check` the order with the others' orders; if it passes, record it. The refusal, if any."""
 
         def decide(others: list[Order]) -> tuple[str | None, dict[Claim, Order]]:
-            problem = check(others)
-            return problem, {} if problem is not None else {(order.namespace, name, uid): order}
+            entry = Entry(order.namespace, name, order.class_name, order.count, self._clock() + self._ttl, uid)
+            size = _size(_key(order.namespace, name), entry)
+            problem = check(others) or self._room.refusal(order.namespace, name, size)
+            if problem is not None:
+                return problem, {}
+            self._room.take(order.namespace, size)
+            return None, {(order.namespace, name, uid): order}
 
         return await self.record(decide)
 
@@ -166,6 +206,7 @@ class Ledger:
                 live[key] = dataclasses.replace(entry, counted=now) if counted and entry.counted is None else entry
                 if not counted and not self._cluster.assumed(ns, name) and not self._mine(ns, name, entry.uid):
                     others.append(Order(ns, entry.class_name, entry.count, f"GPUDevice {name}"))
+            self._room = _Room(live, self._held_bytes)
             # The decisions of one process need not see each other here: its reservations and view count them.
             outcomes: list[tuple[_Turn, Any, BaseException | None]] = []
             new: dict[Claim, Order] = {}
@@ -214,9 +255,7 @@ class Ledger:
 
     async def _write(self, body: dict[str, Any] | None, entries: dict[str, Entry]) -> dict[str, Any]:
         """The ledger written under the version of `body` (created when there is none): the API's answer."""
-        data = {k: json.dumps({"namespace": e.namespace, "name": e.name, "class": e.class_name, "count": e.count,
-                               "expires": e.expires, "uid": e.uid, "counted": e.counted})
-                for k, e in entries.items()}  # fmt: skip
+        data = {k: _value(e) for k, e in entries.items()}
         meta: dict[str, Any] = {"name": NAME, "namespace": self._namespace}
         if body is None:
             return await self._kube.create(
@@ -233,6 +272,20 @@ def _key(namespace: str, name: str) -> str:
     (a name may be 253 long; one over-long key would fail every write, other tenants' orders with it)."""
     key = f"{namespace}.{name}"
     return key if len(key) <= 253 else "sha256." + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _value(e: Entry) -> str:
+    return json.dumps({"namespace": e.namespace, "name": e.name, "class": e.class_name, "count": e.count,
+                       "expires": e.expires, "uid": e.uid, "counted": e.counted})  # fmt: skip
+
+
+# Bytes an entry's value takes beyond its strings, at most: the JSON around them, its count and two times (about 135).
+ENTRY_OVERHEAD = 160
+
+
+def _size(key: str, e: Entry) -> int:
+    """The bytes the entry takes in the ConfigMap's data at most, without writing it out (once per entry a moment)."""
+    return len(key) + len(e.namespace) + len(e.name) + len(e.class_name) + len(e.uid) + ENTRY_OVERHEAD
 
 
 def _entries(body: dict[str, Any] | None) -> dict[str, Entry]:
