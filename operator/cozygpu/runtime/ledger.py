@@ -90,7 +90,8 @@ class _Room:
             return None  # under its share: another namespace's flood does not refuse it
         return (
             f"GPUDevice {name}: namespace {namespace} has {mine // 1024 + 1} KiB of orders in the operator's order"
-            " ledger, more than its share while the ledger is full; retry once its devices are created"
+            " ledger, more than its share while the ledger is full; they leave it as their devices are made, or"
+            " within 40 s: retry then"
         )
 
     def take(self, namespace: str, size: int) -> None:
