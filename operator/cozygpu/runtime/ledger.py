@@ -75,8 +75,8 @@ class _Room:
     """How much of the ledger each namespace's entries take, while one moment decides: a held order of a namespace
     past its share is refused once the entries come to `limit` bytes, so one tenant cannot fill the ledger."""
 
-    def __init__(self, entries: Mapping[str, Entry], limit: int) -> None:
-        self._limit, self._most = limit, limit * HELD_MAX // HELD_BYTES
+    def __init__(self, entries: Mapping[str, Entry], limit: int, ttl: float) -> None:
+        self._limit, self._most, self._ttl = limit, limit * HELD_MAX // HELD_BYTES, ttl
         self._by_namespace: dict[str, int] = {}
         self._total = 0
         for key, entry in entries.items():
@@ -91,7 +91,7 @@ class _Room:
         return (
             f"GPUDevice {name}: namespace {namespace} has {mine // 1024 + 1} KiB of orders in the operator's order"
             " ledger, more than its share while the ledger is full; they leave it as their devices are made, or"
-            " within 40 s: retry then"
+            f" within {self._ttl:g} s: retry then"
         )
 
     def take(self, namespace: str, size: int) -> None:
@@ -135,7 +135,7 @@ class Ledger:
         self._written: dict[str, Any] | None = None
         self._conflicted = -CONTENDED
         self._held_bytes = held_bytes
-        self._room = _Room({}, held_bytes)  # the moment being decided's
+        self._room = _Room({}, held_bytes, ttl)  # the moment being decided's
 
     def needed(self, namespace: str) -> bool:
         """Whether an order there can exceed anything: a budget covers the namespace (or one is required, §7)."""
@@ -207,7 +207,7 @@ class Ledger:
                 live[key] = dataclasses.replace(entry, counted=now) if counted and entry.counted is None else entry
                 if not counted and not self._cluster.assumed(ns, name) and not self._mine(ns, name, entry.uid):
                     others.append(Order(ns, entry.class_name, entry.count, f"GPUDevice {name}"))
-            self._room = _Room(live, self._held_bytes)
+            self._room = _Room(live, self._held_bytes, self._ttl)
             # The decisions of one process need not see each other here: its reservations and view count them.
             outcomes: list[tuple[_Turn, Any, BaseException | None]] = []
             new: dict[Claim, Order] = {}
