@@ -7,6 +7,8 @@ through the cluster's read-only surface. Every resource's nodes are kept ordered
 best fit costs O(log n), never a scan, and by reach (free units plus those idle held devices hold,
 which §5.7 may move away: `reach_fit`). Free units that change are news for waiting devices:
 `take_room` hands out the classes where one may fit now (§5.5), or may with idle moves (§5.7).
+Idle devices are also kept in the order they turned idle (`turned_idle`), so the binder's mover learns
+when each becomes movable however it turned idle: detached, placed, moved, or found so in a list.
 A device a decision moves keeps its units on the node it leaves until the move's write is settled
 (`keep_origin`, `release_origin`): a move whose outcome is unknown frees nothing (§13.1).
 """
@@ -47,8 +49,10 @@ class Capacity:
         self._counted: dict[DeviceKey, tuple[str, str, int, str, bool]] = {}
         # Of those, the units idle held devices hold that §5.7 may move (their class allows it).
         self._idle_res: dict[str, dict[str, int]] = {}
-        # Since when (the clock's reading) each idle device has been idle on its node (§5.7).
+        # Since when (the clock's reading) each idle device has been idle on its node (§5.7), and the same in
+        # that order: when a device may first move is news however it turned idle (`turned_idle`).
         self._idle_since: dict[DeviceKey, tuple[str, float]] = {}
+        self._idle_order: list[tuple[float, DeviceKey]] = []
         # Units of moved devices kept on the node they leave until their write settles (§13.1).
         self._origin_res: dict[str, dict[str, int]] = {}
         self._origins: dict[DeviceKey, tuple[str, str, int]] = {}
@@ -134,9 +138,9 @@ class Capacity:
         if idle:
             _add(self._idle_res.setdefault(node, {}), resource, units)
             if self._idle_since.get(key, ("", 0.0))[0] != node:  # idle from now, or anew on another node
-                self._idle_since[key] = (node, self._clock())
+                self._idle_from(key, node, self._clock())
         else:
-            self._idle_since.pop(key, None)
+            self._idle_from(key, None)
         self._held_class[class_name] = self._held_class.get(class_name, 0) + units
         self._reorder(node, resource)
 
@@ -163,8 +167,17 @@ class Capacity:
     def forget(self, key: DeviceKey) -> None:
         """The device is gone: uncounted, and nothing kept of it."""
         self.uncount(key)
-        self._idle_since.pop(key, None)
+        self._idle_from(key, None)
         self.release_origin(key)
+
+    def _idle_from(self, key: DeviceKey, node: str | None, since: float = 0.0) -> None:
+        """The device is idle on `node` from `since` (None: not idle), in both indexes."""
+        old = self._idle_since.pop(key, None)
+        if old is not None:
+            del self._idle_order[bisect.bisect_left(self._idle_order, (old[1], key))]
+        if node is not None:
+            self._idle_since[key] = (node, since)
+            bisect.insort(self._idle_order, (since, key))
 
     @writes
     def keep_origin(self, key: DeviceKey) -> None:
@@ -263,6 +276,30 @@ class Capacity:
         since = self._idle_since.get(key)
         return self._clock() - since[1] if since is not None else None
 
+    def idle_clock(self) -> float:
+        """The clock idle times are read by (`idle_for`, `turned_idle`)."""
+        return self._clock()
+
+    def turned_idle(self, after: float, until: float) -> set[str]:
+        """The classes served, with their resource, on the nodes of the devices that turned idle in (`after`,
+        `until`] by `idle_clock` and are idle there still: O(log n) plus those devices."""
+        order = self._idle_order
+        out: set[str] = set()
+        for index in range(bisect.bisect_right(order, after, key=_first), len(order)):
+            since, key = order[index]
+            if since > until:
+                break
+            counted = self._counted.get(key)
+            if counted is not None and counted[4]:  # counted idle, on the node it turned idle on
+                out |= self.serving.served_with(counted[0], counted[1])
+        return out
+
+    def next_idle(self, after: float) -> float | None:
+        """When the first device that turned idle after `after` (by `idle_clock`) did, if any: O(log n)."""
+        order = self._idle_order
+        index = bisect.bisect_right(order, after, key=_first)
+        return order[index][0] if index < len(order) else None
+
     def best_fit(self, resource: str, units: int) -> Iterator[str]:
         """Nodes with at least `units` free of the resource, fewest free first, then by name: where
         bin-packing puts a new set of that one resource (§5.3), found in O(log n)."""
@@ -287,6 +324,10 @@ class Capacity:
         if not sets:
             return []
         return sorted(set.intersection(*sets))
+
+
+def _first(entry: tuple[float, DeviceKey]) -> float:
+    return entry[0]
 
 
 def _unplace(

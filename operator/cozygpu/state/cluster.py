@@ -108,6 +108,7 @@ class Cluster:
         self.best_fit, self.reach_fit, self.most_units, self.nodes_with, self.idle_for = (
             c.best_fit, c.reach_fit, c.most_units, c.nodes_with, c.idle_for,
         )  # fmt: skip
+        self.idle_clock, self.turned_idle, self.next_idle = c.idle_clock, c.turned_idle, c.next_idle
         self.use_in, self.names_device, self.vmi_exists, self.set_of, self.vm_of = (
             self._budgets.use_in, self._vmis.names_device, self._vmis.vmi_exists, self._vmis.set_of, self._vmis.vm_of,
         )  # fmt: skip

@@ -9,16 +9,15 @@ first) undoes nothing: the order is decided again on the view as the API has it.
 that names no other tenant's objects (§14) (runtime.workers.reports).
 
 A device moves only once idle for `idle_after` seconds (decisions.idlemoves), so the mover also tells the
-binder when classes whose devices turned idle are worth deciding again (`heard`, `ripe`, `sooner`).
+binder when classes are worth deciding again: at once where a node's free plus idle units rose (`heard`), and
+when each device that turned idle has been idle the wait (`ripe`, `sooner`), read from the view's order of
+idle devices, whether it turned idle by a detach, by being placed or moved, or was found so in a list.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import datetime as dt
-import math
-import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -65,36 +64,36 @@ class Mover:
         self._spawn = spawn
         self._again = again
         self._for: frozenset[DeviceKey] = frozenset()  # the sets whose moves are being written
-        # Classes whose devices turned idle, and when those devices may first move (monotonic), in time order.
-        self._ripening: collections.deque[tuple[float, frozenset[str]]] = collections.deque()
+        # Devices that turned idle up to this reading of the view's idle clock have ripened and been handed out;
+        # None until the first pass, which decides every waiting device with whatever is movable then.
+        self._ripened: float | None = None
         self._plans = 0  # plans whose moves are being written, at most PLANS
         self.moved = 0  # devices moved since start, for the bench and tests
 
     def heard(self, reach: frozenset[str]) -> frozenset[str]:
-        """Classes where a device turned idle: those to decide again now (none, while moves must wait for the
-        device to have been idle a while: then `ripe` hands them out when it has)."""
-        if self.limit <= 0 or not reach:
-            return frozenset()
-        if not self._idle_after:
-            return reach
-        due = math.ceil(time.monotonic() + self._idle_after)  # one wake a second at most, never later than due
-        if self._ripening and self._ripening[-1][0] == due:
-            reach = self._ripening.pop()[1] | reach
-        self._ripening.append((due, reach))
-        return frozenset()
+        """Classes where a node's free plus idle units rose: those to decide again now, since the idle devices there
+        may be movable already (those that are not yet are handed out by `ripe` when they are)."""
+        return reach if self.limit > 0 else frozenset()
 
     def ripe(self) -> frozenset[str]:
-        """Classes whose idle devices may move now, since last asked."""
-        out: frozenset[str] = frozenset()
-        while self._ripening and self._ripening[0][0] <= time.monotonic():
-            out |= self._ripening.popleft()[1]
-        return out
+        """Classes served where devices have been idle `idle_after` seconds since last asked: their oldest waiting
+        are decided again (§5.5, §5.7). O(log n) plus the devices that ripened."""
+        if self.limit <= 0:
+            return frozenset()
+        until = self._cluster.idle_clock() - self._idle_after
+        after, self._ripened = self._ripened, until
+        if after is None or until <= after:
+            return frozenset()
+        return frozenset(self._cluster.turned_idle(after, until))
 
     def sooner(self, timeout: float | None) -> float | None:
-        """The binder's wait, shortened to when the next idle devices may move."""
-        if not self._ripening:
+        """The binder's wait, shortened to when the next device that turned idle may move."""
+        if self.limit <= 0 or self._ripened is None:
             return timeout
-        until = max(self._ripening[0][0] - time.monotonic(), 0.0)
+        since = self._cluster.next_idle(self._ripened)
+        if since is None:
+            return timeout
+        until = max(since + self._idle_after - self._cluster.idle_clock(), 0.0)
         return until if timeout is None else min(timeout, until)
 
     def make_room(self, devices: Sequence[GPUDevice], outcome: Placement | NoPlacement, *, asked: bool) -> bool:
