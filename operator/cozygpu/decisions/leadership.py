@@ -2,7 +2,9 @@
 
 The executor (runtime.process.leadership) reads the Lease, asks `decide`, and writes what it
 says under the Lease's resourceVersion, so two candidates never both win a round.
-A candidate that holds the Lease renews it; one that finds it expired takes it over.
+A candidate that holds the Lease renews it; one that finds it expired takes it over. A waiting candidate
+reads the Lease every retry period (`look_again`), so it sees the last renewal within that period of it
+and takes over within the term plus the retry period, whatever the moment the holder died (§10).
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 from typing import Any
+
+RETRY = dt.timedelta(seconds=2)  # §10: how often a waiting candidate reads the Lease, as client-go's retryPeriod
 
 
 def micro_time(value: dt.datetime) -> str:
@@ -63,3 +67,15 @@ def decide(
     taken = {**spec, "holderIdentity": me, "leaseDurationSeconds": seconds, "acquireTime": micro_time(now),
              "renewTime": micro_time(now), "leaseTransitions": transitions}  # fmt: skip
     return Take(taken, create=False, transition=True)
+
+
+def retry_period(duration: dt.timedelta) -> dt.timedelta:
+    """How often a waiting candidate reads the Lease: `RETRY`, or a third of a short term."""
+    return min(RETRY, duration / 3)
+
+
+def look_again(wait: Wait, now: dt.datetime, duration: dt.timedelta) -> float:
+    """Seconds until a waiting candidate reads the Lease again: when the holder's claim runs out if that is sooner
+    than the retry period. Timing the term from a renewal seen late by a whole pause would add the pause to it."""
+    until = (wait.until - now).total_seconds()
+    return min(max(until, 0.2), retry_period(duration).total_seconds())

@@ -21,7 +21,7 @@ import structlog
 
 from cozygpu.api import kinds
 from cozygpu.api.meta import now as utcnow
-from cozygpu.decisions.leadership import Take, Wait, decide, record
+from cozygpu.decisions.leadership import Take, Wait, decide, look_again, record
 from cozygpu.kube import credentials
 from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube, Conflict, NotFound
 from cozygpu.settings import Settings
@@ -88,8 +88,7 @@ class Leadership:
                 log.info("leader.acquired", identity=self.identity, lease=f"{self._namespace}/{self._name}")
                 return
             waiting(f"waiting to lead: Lease {self._namespace}/{self._name} is held by {outcome.holder}")
-            pause = (outcome.until - utcnow()).total_seconds()
-            await asyncio.sleep(min(max(pause, 0.2), self._duration.total_seconds() / 3))
+            await asyncio.sleep(look_again(outcome, utcnow(), self._duration))
 
     async def hold(self) -> None:
         """Renew every third of a term; give up (on_lost) when another holds it or no renewal landed for two
