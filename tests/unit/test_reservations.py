@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
+from cozygpu.api import kinds
+from cozygpu.api.kinds import Kind
 from cozygpu.decisions.budgets import Order
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Denied, Validation
+from cozygpu.runtime.writes import Writer
 from tests.support.views import A10, budget, cluster, device, gpu_class, node
+from tests.support.writing import writer
 
 TENANT = "system:serviceaccount:t1:tenant"
 
 
-def create(v: Validation, name: str, count: int) -> str | None:
+def create(v: Validation, name: str, count: int, class_name: str = "a10") -> str | None:
     """The GPUDevice webhook's answer to a create: None when admitted, else the denial."""
     try:
-        asyncio.run(v.device("CREATE", device(name, count=count), None, TENANT, dry_run=False))
+        asyncio.run(v.device("CREATE", device(name, class_name, count=count), None, TENANT, dry_run=False))
     except Denied as e:
         return str(e)
     return None
@@ -89,11 +94,40 @@ def test_a_name_the_view_still_holds_but_the_api_server_has_deleted_may_be_creat
     name is not refused; one the API server still has is."""
     view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], devices=[device("a", phase="Pending")])
 
-    async def gone(namespace: str, name: str) -> bool:
+    async def gone(kind: Kind, namespace: str, name: str) -> bool:
         return False
 
-    async def there(namespace: str, name: str) -> bool:
+    async def there(kind: Kind, namespace: str, name: str) -> bool:
         return True
 
     assert create(Validation(view, Reservations(ttl=30), exists=gone), "a", 1) is None
     assert create(Validation(view, Reservations(ttl=30), exists=there), "a", 1) is not None
+
+
+def _fresh(w: Writer) -> Callable[[Kind, str, str], Awaitable[bool]]:
+    """The operator's fresh read: through the writer, so what the API has reaches the view too."""
+
+    async def exists(kind: Kind, namespace: str, name: str) -> bool:
+        return (await w.read(kind, name, namespace)).body is not None
+
+    return exists
+
+
+def test_a_class_created_a_moment_before_the_device_is_read_fresh_not_refused() -> None:
+    """§9 (issue 33 item 5): one manifest applies a GPUClass and a GPUDevice of it; the device's create may reach
+    the webhook before the class's event reaches the view. The class is read fresh and the device admitted; before,
+    it was refused with "GPUClass acc-u does not exist"."""
+    w, view, kube = writer()
+    view.apply(kinds.NODE, node("n1", {A10: 8}))
+    kube.put(kinds.GPU_CLASS, gpu_class("acc-u"))  # in the API, not yet in the view
+    assert "acc-u" not in view.cluster.classes
+    assert create(Validation(view.cluster, Reservations(ttl=30), exists=_fresh(w)), "a", 1, "acc-u") is None
+    assert "acc-u" in view.cluster.classes  # what the read found reached the view
+
+
+def test_a_class_the_api_server_does_not_have_either_is_refused_naming_the_device_and_the_class() -> None:
+    """The fresh read finds no class: refused, naming the device and the class it names."""
+    w, view, _ = writer()
+    view.apply(kinds.NODE, node("n1", {A10: 8}))
+    refusal = create(Validation(view.cluster, Reservations(ttl=30), exists=_fresh(w)), "a", 1, "acc-x")
+    assert refusal == "GPUDevice a: GPUClass acc-x does not exist"

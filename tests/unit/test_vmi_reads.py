@@ -109,3 +109,23 @@ def test_a_failed_read_fails_closed_and_writes_nothing(failing: str) -> None:
     with pytest.raises(InternalError, match="the API server is unwell"):
         asyncio.run(admission.admit(_vmi({"device": "h"}, TEMPLATE), dry_run=False))
     assert not [call for call in kube.calls if call[0] in WRITES]
+
+
+def test_a_template_class_created_a_moment_before_is_read_in_the_same_round_not_refused() -> None:
+    """§9 (issue 33 item 5): a VMI's template names a class its view has not seen yet (one manifest applied at
+    once); the class is read fresh beside the VMI's name and its devices, in one round, and the VMI admitted.
+    Before, it was refused with "GPUClass acc-u does not exist"."""
+    admission, kube, slow = _admission()
+    kube.put(kinds.GPU_CLASS, gpu_class("acc-u"))  # in the API, not yet in the view
+    fresh = {"deviceTemplate": {"className": "acc-u", "count": 1}}
+    admitted = asyncio.run(admission.admit(_vmi({"device": "h"}, fresh), dry_run=True))
+    assert admitted["spec"]["domain"]["devices"]["gpus"]
+    reads = [(kind, name) for method, kind, name in kube.calls if method == "get"]
+    assert ("GPUClass", "acc-u") in reads and slow.most == 4
+
+
+def test_a_template_class_the_api_server_does_not_have_either_is_refused_naming_the_reference() -> None:
+    """The fresh read finds no class: refused, naming the deviceTemplate and its class."""
+    admission, _, _ = _admission()
+    with pytest.raises(Refusal, match="deviceTemplate 0: GPUClass acc-x does not exist"):
+        asyncio.run(admission.admit(_vmi({"deviceTemplate": {"className": "acc-x", "count": 1}}), dry_run=True))

@@ -13,7 +13,8 @@ from typing import Any
 
 import structlog
 
-from cozygpu.api import GPUBudget, GPUClass, GPUDevice
+from cozygpu.api import GPUBudget, GPUClass, GPUDevice, kinds
+from cozygpu.api.kinds import Kind
 from cozygpu.decisions import validation
 from cozygpu.decisions.budgets import Order
 from cozygpu.runtime.admission.reservations import Reservations
@@ -34,12 +35,13 @@ class Validation:
         reservations: Reservations,
         *,
         budgets_required: bool = False,
-        exists: Callable[[str, str], Awaitable[bool]] | None = None,
+        exists: Callable[[Kind, str, str], Awaitable[bool]] | None = None,
         ledger: Ledger | None = None,
     ) -> None:
         self._cluster = cluster
-        # A fresh read of a GPUDevice: the view may still hold one deleted a moment ago, and a create of its name
-        # must not be refused for that.
+        # A fresh read into the view (kind, namespace, name): whether the object exists now. The view may still
+        # hold a GPUDevice deleted a moment ago, or not yet hold a GPUClass created a moment ago (one manifest
+        # applied at once), and a create must not be refused for either.
         self._exists = exists
         self._reservations = reservations
         self._ledger = ledger  # None: one replica only (tests), its reservations are the whole story
@@ -59,6 +61,8 @@ class Validation:
         """§9.1-§9.3 for a GPUDevice; `review` is the AdmissionReview's uid, which a held order is reserved under."""
         if operation == "CREATE" and new is not None:
             device = GPUDevice.from_wire(new)
+            if device.spec.class_name not in self._cluster.classes and self._exists is not None:
+                await self._exists(kinds.GPU_CLASS, "", device.spec.class_name)  # §9: read fresh before refusing
             namespace, held = device.namespace or "", not device.carries_template_label
             # Checked and reserved with no await between (§7.4): a create admitted meanwhile counts this one, and
             # its confirmation below (a name's read, the ledger) waits on no other tenant's (§14).
@@ -110,7 +114,7 @@ class Validation:
         if device.carries_template_label:
             return None
         if self._cluster.device(namespace, device.name) is not None and (
-            self._exists is None or await self._exists(namespace, device.name)
+            self._exists is None or await self._exists(kinds.GPU_DEVICE, namespace, device.name)
         ):
             # The API server would answer AlreadyExists after admission: its order must not count.
             return self._duplicate(device)

@@ -183,7 +183,10 @@ class VMIAdmission:
         an admission waits for one API answer, not two in a row (issue 22 item 4). Judged in the rules' order:
         a VMI of the name refuses the create whatever its devices are, even if reading them failed."""
         names = [r.name if isinstance(r, HeldRef) else template_device_name(vmi, i) for i, r in enumerate(refs)]
+        # §9: a class created a moment before (one manifest) may not be in the view yet; read it fresh, not refuse.
+        unseen = sorted({r.class_name for r in refs if isinstance(r, TemplateRef)} - set(self._cluster.classes))
         reads = [self._read(kinds.VMI, namespace, vmi), *(self._read(kinds.GPU_DEVICE, namespace, n) for n in names)]
+        reads += [self._read(kinds.GPU_CLASS, "", c) for c in unseen]
         outcomes = await gather_outcomes(reads, self._calls_in_flight)
         if isinstance(outcomes[0], Outcome) and outcomes[0].body is not None:
             # §14.2: the API server answers AlreadyExists only after admission; whatever this call wrote would
@@ -192,7 +195,7 @@ class VMIAdmission:
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
-        devices = [_device(o.body) for o in outcomes[1:] if isinstance(o, Outcome)]
+        devices = [_device(o.body) for o in outcomes[1 : 1 + len(names)] if isinstance(o, Outcome)]
         members: list[Member] = []
         problems: list[str] = []
         for index, (ref, device) in enumerate(zip(refs, devices, strict=True)):

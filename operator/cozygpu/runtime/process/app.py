@@ -25,6 +25,7 @@ import kopf
 import structlog
 
 from cozygpu.api import kinds
+from cozygpu.api.kinds import Kind
 from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.kube import credentials
 from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
@@ -113,7 +114,7 @@ class Operator:
             self.cluster,
             self.reservations,
             budgets_required=settings.budgets_required,
-            exists=self._device_exists,
+            exists=self._exists,
             ledger=self.ledger,
         )
         self.gate = Gate(
@@ -204,9 +205,9 @@ class Operator:
 
     # -- events --------------------------------------------------------------
 
-    async def _device_exists(self, namespace: str, name: str) -> bool:
+    async def _exists(self, kind: Kind, namespace: str, name: str) -> bool:
         # Through the writer: what the fresh read finds reaches the view too (issue 20 item 4).
-        return (await self.writer.read(kinds.GPU_DEVICE, name, namespace)).body is not None
+        return (await self.writer.read(kind, name, namespace)).body is not None
 
     def _device_seen(self, change: Change) -> None:
         if not change.deleted:
