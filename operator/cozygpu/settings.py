@@ -30,6 +30,13 @@ class Settings(BaseModel):
         description="On SIGTERM, keep serving admissions this long, not ready and closing each connection after its"
         " answer, so a rolling upgrade fails none (§10); 0 with --dev, which serves only itself.",
     )
+    webhook_connection_life: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Seconds a webhook connection is kept: the first answer after closes it, so the API server's"
+        " next call goes through the Service again and a replica that joins gets its share (§10).",
+    )
     grace_period: float = Field(default=120.0, gt=0, description="Attachment grace period (§6.3), seconds.")
     sweep_interval: float = Field(default=60.0, gt=0, description="Safety-net sweep period (§6.4), seconds.")
     pod_scan_interval: float = Field(

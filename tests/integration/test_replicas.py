@@ -135,6 +135,26 @@ def test_a_standby_answers_admissions_while_the_leader_binds(
     assert [r.identity for r in replicas.live if r.process.events("bind.answered")] == [leader.identity]
 
 
+def test_a_replica_that_joins_admits_once_the_kept_connections_have_lived_their_life(
+    kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, replicas: Replicas, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """§10: the API server keeps its connections to a webhook and reuses them; each lives
+    COZYGPU_WEBHOOK_CONNECTION_LIFE (4 s here, 30 s by default), so a replica that joins beside a serving one admits
+    VMIs soon. Before, with one admission at a time, the joiner admitted none while the first replica ran."""
+    monkeypatch.setenv("COZYGPU_WEBHOOK_CONNECTION_LIFE", "4")
+    gpu_node({gpu.resource: 8}, name=f"join-{gpu.cls}")
+    first = replicas.start()
+    replicas.serving(kube, namespace, gpu.cls)
+    joined = replicas.start()
+    refs = _template(gpu.cls)
+
+    def admitted_by_both() -> bool:
+        kube.create(kinds.VMI, vmi_body(unique("probe"), namespace, refs), dry_run=True)  # one at a time
+        return bool(joined.process.events("vmi.admitted")) and bool(first.process.events("vmi.admitted"))
+
+    wait_for("the replica that joined to admit a VMI", admitted_by_both, timeout=30)
+
+
 def test_kill_9_of_the_leader_during_a_burst_leaves_nothing_broken(
     kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, replicas: Replicas
 ) -> None:

@@ -1,5 +1,6 @@
 """The webhook server's own bounds (§10, §14.1): a caller that sends half a review and stops gets 408 once the
-API server would have given up, and holds neither the connection nor a replica's drain.
+API server would have given up, and holds neither the connection nor a replica's drain; a connection kept alive
+is closed by the first answer after its life, so the API server's next call may reach another replica.
 
 A real TLS server on loopback, as the operator serves it; the callers write raw HTTP to it.
 """
@@ -22,6 +23,7 @@ from cozygpu.runtime.admission.webhooks import VMI_HOOK
 HANG = 30.0
 # ...and its 10 s of reading on after an answer (its lingering close), which a closed connection skips.
 LINGER = 5.0
+LIFE = 0.5  # a connection's life under test (30 s by default)
 
 
 async def _allow(review: Any, **_: Any) -> dict[str, Any]:
@@ -77,7 +79,7 @@ async def served() -> AsyncIterator[Served]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = Served(webhooks.dev_serving("127.0.0.1", port, read_within=0.2))
+    server = Served(webhooks.dev_serving("127.0.0.1", port, read_within=0.2, connection_life=LIFE))
     await server.start()
     yield server
     async with asyncio.timeout(HANG):
@@ -113,3 +115,53 @@ async def test_a_whole_review_is_still_answered(served: Served) -> None:
         status = await reader.readline()
     writer.close()
     assert status.split()[1] == b"200", status
+
+
+async def _answer(reader: asyncio.StreamReader) -> dict[str, str]:
+    """One HTTP answer's status and headers, its body read too (by Content-Length)."""
+    async with asyncio.timeout(HANG):
+        status = (await reader.readline()).split()[1].decode()
+        headers = {"status": status}
+        while (line := await reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.decode().partition(":")
+            headers[name.strip().lower()] = value.strip()
+        await reader.readexactly(int(headers.get("content-length", "0")))
+    return headers
+
+
+async def test_a_kept_alive_connection_is_closed_by_the_first_answer_after_its_life(served: Served) -> None:
+    """§10: reviews on one connection are answered and it is kept while young; the first answer after its life
+    says `Connection: close` and the server closes it. Before, a connection served for as long as the caller kept
+    it, so a replica that joined got no admissions (issue 33 item 3)."""
+    body = _review()
+    reader, writer = await served.send(_head(len(body)), body)
+    young = await _answer(reader)
+    writer.write(_head(len(body)) + body)
+    await writer.drain()
+    still = await _answer(reader)
+    await asyncio.sleep(LIFE)
+    writer.write(_head(len(body)) + body)
+    await writer.drain()
+    aged = await _answer(reader)
+    async with asyncio.timeout(LINGER):
+        rest = await reader.read()  # the end of the stream: the server closed it
+    writer.close()
+    assert (young["status"], still["status"], aged["status"]) == ("200", "200", "200")
+    assert young.get("connection", "").lower() != "close" and still.get("connection", "").lower() != "close"
+    assert aged.get("connection", "").lower() == "close" and rest == b""
+
+
+async def test_a_new_connection_is_young_whatever_the_age_of_others(served: Served) -> None:
+    """Each connection's life is its own: one opened after another aged is kept alive by its first answer."""
+    body = _review()
+    reader, writer = await served.send(_head(len(body)), body)
+    await _answer(reader)
+    await asyncio.sleep(LIFE)
+    reader2, writer2 = await served.send(_head(len(body)), body)
+    fresh = await _answer(reader2)
+    writer.write(_head(len(body)) + body)
+    await writer.drain()
+    aged = await _answer(reader)
+    writer.close()
+    writer2.close()
+    assert fresh.get("connection", "").lower() != "close" and aged.get("connection", "").lower() == "close"

@@ -14,6 +14,8 @@ import contextvars
 import json
 import ssl
 import tempfile
+import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,6 +76,8 @@ MAX_REVIEW_BYTES = 4 * 1024 * 1024
 # The API server writes a review at once: a body still arriving after this long is from no caller worth waiting
 # for, and waiting longer would let it hold a replica's drain past the pod's grace period (§10).
 BODY_WITHIN = 10.0
+# How long a connection serves reviews before an answer closes it (§10; the setting's default, and the dev server's).
+CONNECTION_LIFE = 30.0
 
 
 def envelope_problem(review: Any) -> str | None:
@@ -120,11 +124,27 @@ class ReviewServer(kopf.WebhookServer):
     """kopf's server, answering what is not an AdmissionReview request for one of our hooks as the HTTP error it
     is (400 naming the field, 404 for a path no hook serves) rather than 500 or an allowed answer (§3). While
     `closing` says so (a replica draining before it stops, §10) every answer closes its connection, so the API
-    server's next request opens one to a replica that stays. A body not read within `read_within` is answered
-    408: a caller that sends half a body and stops would otherwise hold a replica's drain for 60 s."""
+    server's next request opens one to a replica that stays; so does the first answer on a connection older than
+    `connection_life`: the API server keeps its connections and reuses them, and a replica that joins would get
+    none while they last. A body not read within `read_within` is answered 408: a caller that sends half a body
+    and stops would otherwise hold a replica's drain for 60 s."""
 
     closing: Callable[[], bool] = staticmethod(lambda: False)
     read_within: float = BODY_WITHIN
+    connection_life: float = CONNECTION_LIFE
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        # When each open connection (its transport) brought its first request; forgotten as it closes.
+        self._born: weakref.WeakKeyDictionary[asyncio.BaseTransport, float] = weakref.WeakKeyDictionary()
+
+    def _aged(self, request: aiohttp.web.Request) -> bool:
+        """Whether the request's connection has lived `connection_life`, timed from its first request."""
+        transport = request.transport
+        if transport is None:
+            return True
+        now = time.monotonic()
+        return now - self._born.setdefault(transport, now) >= self.connection_life
 
     async def _serve(self, fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:  # type: ignore[override]
         if request.match_info.get("id") not in HOOKS:
@@ -149,7 +169,7 @@ class ReviewServer(kopf.WebhookServer):
                 response: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, request)
         finally:
             REVIEW_UID.reset(token)
-        if self.closing():
+        if self.closing() or self._aged(request):
             response.force_close()
         return response
 
@@ -180,7 +200,13 @@ def _clients_of(client_ca: bytes | None) -> dict[str, Any]:
     return {"verify_mode": ssl.CERT_REQUIRED, "verify_cadata": client_ca.decode()}
 
 
-def dev_serving(host: str, port: int, client_ca: bytes | None = None, read_within: float = BODY_WITHIN) -> Serving:
+def dev_serving(
+    host: str,
+    port: int,
+    client_ca: bytes | None = None,
+    read_within: float = BODY_WITHIN,
+    connection_life: float = CONNECTION_LIFE,
+) -> Serving:
     """A self-signed CA and a serving certificate for `host`, in a private temporary directory."""
     directory = Path(tempfile.mkdtemp(prefix="cozygpu-webhook-"))
     ca = tls.Authority("cozy-gpu-operator webhook CA (dev)")
@@ -193,6 +219,7 @@ def dev_serving(host: str, port: int, client_ca: bytes | None = None, read_withi
         addr=host, port=port, host=host, certfile=str(cert), pkeyfile=str(key), **_clients_of(client_ca)
     )
     server.read_within = read_within
+    server.connection_life = connection_life
     return Serving(server, f"https://{host}:{port}", ca.cert_pem)
 
 
@@ -207,6 +234,7 @@ def cluster_serving(settings: Settings, client_ca: bytes | None, closing: Callab
         **_clients_of(client_ca),
     )
     server.closing = closing
+    server.connection_life = settings.webhook_connection_life
     return server
 
 
