@@ -207,8 +207,9 @@ def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def test_two_replicas_by_default_upgraded_one_at_a_time(helm: Path) -> None:
     """Two replicas; an upgrade starts the new pod and waits for it to be ready (/readyz: view synced, webhook
     server listening) before it stops an old one, so one always serves admissions: not Recreate. A stopping pod
-    sleeps in preStop while the endpoints drop it, within a grace period that leaves an admission under way its
-    webhook timeout."""
+    sleeps in preStop while the endpoints drop it (no new connection reaches it, its kept ones still serve), then
+    drains (every answer closes its connection), within a grace period that leaves an admission under way its
+    webhook timeout after both (issue 33 item 4)."""
     docs = render(helm)
     deployment = one(docs, "Deployment")
     assert deployment["spec"]["replicas"] == 2
@@ -218,7 +219,10 @@ def test_two_replicas_by_default_upgraded_one_at_a_time(helm: Path) -> None:
     [container] = spec["containers"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert sleep > 0 and spec["terminationGracePeriodSeconds"] >= sleep + 20  # the default webhookTimeout
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    drain = float(env.get("COZYGPU_DRAIN_SECONDS") or Settings().drain_seconds)
+    webhook_timeout = float(env["COZYGPU_WEBHOOK_TIMEOUT"])
+    assert sleep > 0 and drain > 0 and spec["terminationGracePeriodSeconds"] >= sleep + drain + webhook_timeout
     assert [p["targetPort"] for p in one(docs, "Service")["spec"]["ports"] if p["name"] == "webhook"] == ["webhook"]
     assert one(docs, "Service")["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     single = render(helm, "--set", "replicas=1", "--set", "preStopSleepSeconds=0")
