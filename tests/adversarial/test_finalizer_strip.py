@@ -124,3 +124,40 @@ def test_a_stripped_vmis_name_created_again_never_uses_its_units_twice(
     finally:
         kv.patch(kinds.POD, launcher, {"metadata": {"finalizers": None}}, ns)
     assert_invariants(kv, (kv_mallory, kv_victim), kv_operator)
+
+
+def unmanaged_units(kube: Kube, node: str, resource: str) -> int:
+    """The GPUNode's units of `resource` held by pods the operator did not place."""
+    status = (kube.get_or_none(kinds.GPU_NODE, node) or {}).get("status") or {}
+    return next((r.get("unmanaged", 0) for r in status.get("resources", []) if r["name"] == resource), 0)
+
+
+def test_a_running_launcher_cannot_be_relabelled_or_unowned_to_hide_its_guest(
+    kv: Kube, kv_operator: OperatorProcess, kv_gpu: Gpu, kv_node: KVNodeFactory, kv_mallory: Tenant,
+    kv_victim: Tenant,
+) -> None:  # fmt: skip
+    """Issue 34 item 1: mallory, with her namespace's `edit` role (pod rights), relabels her running launcher
+    (`kubevirt.io=x`, or no label) or takes its VMI controller reference off, so the operator would count the guest
+    as gone and a finalizer strip would free its units for another while it runs. Each change is refused by the
+    no-bypass policy, naming the pod; the guest stays the operator's and KubeVirt's, and nothing shows as held
+    behind the operator's back. Before, the relabel was admitted and the launcher left the operator's view."""
+    ns = kv_mallory.namespace
+    home = kv_node(2)
+    kv_mallory.kube.create(kinds.GPU_DEVICE, gpu_device_body("keep", ns, kv_gpu.cls))
+    assert bound(kv, ns, "keep") == home
+    kv_mallory.kube.create(kinds.VMI, bare_vmi("bare", ns, [vms.held("keep"), vms.template(kv_gpu.cls)]))
+    _, pod = vms.running(kv, ns, "bare")
+    launcher = pod["metadata"]["name"]
+    for change in ({"labels": {"kubevirt.io": "x"}}, {"labels": {"kubevirt.io": None}}, {"ownerReferences": None}):
+        with pytest.raises(ApiError, match=f"Pod {launcher} holds {kv_gpu.resource}") as refused:
+            kv_mallory.kube.patch(kinds.POD, launcher, {"metadata": change}, ns)
+        assert refused.value.status == 403
+    stored = kv.get(kinds.POD, launcher, ns)["metadata"]
+    assert stored["labels"]["kubevirt.io"] == "virt-launcher" and stored["ownerReferences"][0]["kind"] == (
+        "VirtualMachineInstance"
+    )
+    time.sleep(2)  # the operator has heard whatever the attempts caused
+    assert unmanaged_units(kv, home, kv_gpu.resource) == 0
+    assert_invariants(kv, (kv_mallory, kv_victim), kv_operator)
+    kv_mallory.kube.delete(kinds.VMI, "bare", ns)
+    wait_for("the template device deleted", lambda: kv.get_or_none(kinds.GPU_DEVICE, "bare-gpu-1", ns) is None)

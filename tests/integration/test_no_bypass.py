@@ -16,7 +16,7 @@ from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Forbidden, Kube
 from cozygpu.runtime.admission import policy, webhooks
 from tests.support.bodies import gpu_class_body, gpu_device_body, vmi_body
-from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu
 from tests.support.operators import start_admitting_operator
 
 
@@ -173,3 +173,44 @@ def test_the_readmes_hand_run_path_meets_every_rule(
     finally:
         process.stop()
         kube.delete(kinds.GPU_CLASS, f"only-{tag}")
+
+
+def test_a_gpu_holding_pods_kubevirt_label_and_controller_reference_cannot_change(
+    admitting: OperatorProcess, kube: Kube, namespace: str
+) -> None:
+    """§6.7, issue 34 item 1: they tell whose guest a launcher runs; a tenant relabelling its launcher
+    (`kubevirt.io=x`), or taking its VMI controller reference off, would hide a running guest and have its units
+    given to another. The policy refuses both on a pod holding a managed resource, naming the pod; other labels
+    change freely. Before, both were admitted."""
+    g = fresh_gpu()
+    vmi = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm"}
+    owner = {**vmi, "uid": str(uuid.uuid4()), "controller": True}
+    body = pod("virt-launcher-vm", namespace, g.resource, {"kubevirt.io": "virt-launcher"})
+    body["metadata"]["ownerReferences"] = [owner]
+    kube.create(kinds.POD, body)  # before any class names its resource: as old as the guard
+    kube.create(kinds.GPU_CLASS, gpu_class_body(g.cls, g.resource))
+    try:
+
+        def relabel_refused() -> str | None:
+            try:
+                kube.patch(kinds.POD, "virt-launcher-vm", {"metadata": {"labels": {"kubevirt.io": "x"}}}, namespace)
+            except Forbidden as e:
+                return e.message
+            # Not the policy's yet (it learns the class from its parameter a moment later): put it back, try again.
+            back = {"metadata": {"labels": {"kubevirt.io": "virt-launcher"}}}
+            kube.patch(kinds.POD, "virt-launcher-vm", back, namespace)
+            return None
+
+        message = wait_for("the relabel refused", relabel_refused, timeout=15)
+        assert f"Pod virt-launcher-vm holds {g.resource}" in message and "kubevirt.io label" in message
+        changes = [{"labels": {"kubevirt.io": None}}, {"ownerReferences": [{**owner, "controller": False}]}]
+        for change in [*changes, {"ownerReferences": None}]:
+            with pytest.raises(Forbidden, match="controller reference tell whose guest it runs"):
+                kube.patch(kinds.POD, "virt-launcher-vm", {"metadata": change}, namespace)
+        kube.patch(kinds.POD, "virt-launcher-vm", {"metadata": {"labels": {"team": "a"}}}, namespace)
+        stored = kube.get(kinds.POD, "virt-launcher-vm", namespace)["metadata"]
+        assert stored["labels"] == {"kubevirt.io": "virt-launcher", "team": "a"}
+        assert stored["ownerReferences"] == [owner]
+    finally:
+        kube.delete(kinds.POD, "virt-launcher-vm", namespace)
+        kube.delete(kinds.GPU_CLASS, g.cls)

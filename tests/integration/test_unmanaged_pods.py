@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -141,3 +142,38 @@ def test_a_launcher_the_operator_did_not_admit_is_watched_in_and_out(
     end(kube, "virt-launcher-stray", namespace, phase="Failed")
     wait_for("the launcher gone from the GPUNode", lambda: unmanaged(kube, node, gpu.resource) == (0, []), timeout=10)
     wait_for("capacity intact again", lambda: lost() is None, timeout=10)
+
+
+def test_a_launcher_relabelled_or_unlabelled_is_still_followed_until_it_ends(
+    quick: OperatorProcess, kube: Kube, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """Issue 34 item 1: a launcher whose `kubevirt.io` label is changed stays a launcher of its VMI on the GPUNode
+    (KubeVirt tells its pods by the VMI controller reference); one whose label is removed leaves the launcher
+    watch's selection, is read fresh rather than forgotten, and is read again every sweep until it ends. Before,
+    the relabelled pod left the view at once, so its guest counted as gone. Where the no-bypass policy does not
+    refuse the relabel (an exempt namespace here; a platform without the policy)."""
+    namespace = EXEMPT
+    if kube.get_or_none(kinds.NAMESPACE, namespace) is None:
+        kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    node = gpu_node({gpu.resource: 2})["metadata"]["name"]
+    name = "virt-launcher-relabelled"
+
+    def created() -> Body | None:
+        try:  # the API server applies the operator's new binding a moment after it is registered
+            return kube.create(kinds.POD, holding_pod(name, namespace, node, {gpu.resource: 1}, vmi="relabelled"))
+        except ApiError as e:
+            if e.status != 403:
+                raise
+            return None
+
+    wait_for("the launcher admitted", created)
+    followed = (1, [{"pod": f"{namespace}/{name}", "vmi": "relabelled", "units": {gpu.resource: 1}}])
+    wait_for("the launcher on the GPUNode", lambda: unmanaged(kube, node, gpu.resource) == followed)
+    kube.patch(kinds.POD, name, {"metadata": {"labels": {"kubevirt.io": "x"}}}, namespace)
+    time.sleep(2)  # the watch's event has come, and a sweep's re-read
+    assert unmanaged(kube, node, gpu.resource) == followed
+    kube.patch(kinds.POD, name, {"metadata": {"labels": {"kubevirt.io": None}}}, namespace)
+    time.sleep(3)  # out of the launcher watch's selection: its DELETED event, then re-reads every sweep
+    assert unmanaged(kube, node, gpu.resource) == followed
+    end(kube, name, namespace, phase="Failed")
+    wait_for("the ended launcher gone", lambda: unmanaged(kube, node, gpu.resource) == (0, []), timeout=15)

@@ -1,5 +1,6 @@
 """Hostile tenants as the platform makes tenants (§14, issue 19): a ServiceAccount in a namespace of its own,
-holding exactly the chart's tenant role and the VMI rights KubeVirt's `kubevirt.io:edit` grants."""
+holding the namespace's `edit` role (pods, services, secrets...: what a real tenant has, issue 34), the chart's
+tenant role and the VMI rights KubeVirt's `kubevirt.io:edit` grants."""
 
 from __future__ import annotations
 
@@ -38,8 +39,10 @@ class Tenant:
 
 
 def make_tenant(plane: ControlPlane, admin: Kube, name: str, directory: Path) -> Tenant:
-    """A fresh namespace and a ServiceAccount `name` there, bound to cozy-gpu-tenant-edit and to KubeVirt's
-    kubevirt.io:edit (where KubeVirt runs; otherwise a Role with that role's VM and VMI rule)."""
+    """A fresh namespace and a ServiceAccount `name` there, bound to the built-in `edit` ClusterRole, to
+    cozy-gpu-tenant-edit and to KubeVirt's kubevirt.io:edit (where KubeVirt runs; otherwise a Role with that role's
+    VM and VMI rule). `edit` is an aggregated role, and no aggregation controller runs here: what it would aggregate
+    (`system:aggregate-to-edit`, the chart's tenant role) is bound as well."""
     identity.install(admin)  # the chart's tenant ClusterRoles
     namespace = f"{name}-{uuid.uuid4().hex[:6]}"
     admin.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
@@ -50,7 +53,8 @@ def make_tenant(plane: ControlPlane, admin: Kube, name: str, directory: Path) ->
         vmis = ("Role", "kubevirt-edit-vmis")
         admin.create(kinds.kind("Role"), {"apiVersion": f"{RBAC}/v1", "kind": "Role",
                      "metadata": {"name": vmis[1], "namespace": namespace}, "rules": [KUBEVIRT_EDIT_VMIS]})  # fmt: skip
-    for kind, role in (("ClusterRole", "cozy-gpu-tenant-edit"), vmis):
+    edit = [("ClusterRole", r) for r in ("edit", "system:aggregate-to-edit", "cozy-gpu-tenant-edit")]
+    for kind, role in (*edit, vmis):
         admin.create(kinds.kind("RoleBinding"), {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding",
                      "metadata": {"name": role.replace(":", "-"), "namespace": namespace},
                      "roleRef": {"apiGroup": RBAC, "kind": kind, "name": role},

@@ -37,19 +37,43 @@ class TestWhatIsKept:
         assert len(usage) == 0 and usage.on("n1") == []
 
     def test_a_launcher_pod_names_its_vmi(self) -> None:
-        """virt-controller's label and the VMI as controller: the index says whose launcher it is."""
+        """The VMI as controller: the index says whose launcher it is."""
         usage = PodUsage()
         usage.upsert(pod("virt-launcher-vm-x", vmi="vm"))
         usage.upsert(pod("lookalike", vmi=None))
         assert [(p.name, p.vmi) for p in usage.on("n1")] == [("lookalike", None), ("virt-launcher-vm-x", "vm")]
 
-    def test_a_vmi_owner_without_the_launcher_label_is_no_launcher(self) -> None:
-        """Only what virt-controller renders (its label) is a launcher; an ownerReference alone is not."""
-        body = pod(vmi="vm")
-        del body["metadata"]["labels"]
+    @pytest.mark.parametrize("labels", [{"kubevirt.io": "x"}, {}], ids=["relabelled", "unlabelled"])
+    def test_a_vmi_controller_makes_a_launcher_whatever_its_kubevirt_label_says(self, labels: dict[str, str]) -> None:
+        """Issue 34 item 1: KubeVirt tells its launchers by the VMI controller reference; a tenant that relabels its
+        launcher (`kubevirt.io=x`, or no label) leaves the guest running and the pod a launcher of its VMI. Before,
+        it counted as a pod the operator did not place, and its guest as gone."""
+        body = pod(vmi="vm", vmi_uid="u1")
+        body["metadata"]["labels"] = labels
         usage = PodUsage()
         usage.upsert(body)
-        assert usage.on("n1")[0].vmi is None
+        assert usage.on("n1")[0].vmi == "vm" and usage.guest_running("t1", "u1")
+        assert usage.on("n1")[0].watched == bool(labels)  # the launcher informer selects the label's key
+
+    def test_whose_launcher_a_pod_is_stays_while_it_lives(self) -> None:
+        """Issue 34 item 1: an owner reference removed or pointed elsewhere after the pod was seen as a launcher
+        changes nothing the view says of it: its guest runs on until the pod ends."""
+        usage = PodUsage()
+        usage.upsert(pod(vmi="vm", vmi_uid="u1", version=1))
+        unowned = pod(vmi=None, version=2)
+        usage.upsert(unowned)
+        assert (usage.on("n1")[0].vmi, usage.guest_running("t1", "u1")) == ("vm", True)
+        usage.upsert(pod(vmi="other", vmi_uid="u9", version=3))
+        assert (usage.on("n1")[0].vmi, usage.guest_running("t1", "u9")) == ("vm", False)
+        usage.upsert(pod(vmi=None, phase="Succeeded", version=4))
+        assert not usage.guest_running("t1", "u1")
+
+    def test_a_pod_naming_another_namespaces_vmi_uid_is_no_guest_of_it(self) -> None:
+        """Issue 34 item 6: an owner reference names an object of the pod's own namespace, so a pod elsewhere that
+        names a victim VMI's uid keeps none of the victim's devices. Before, guests were kept by uid alone."""
+        usage = PodUsage()
+        usage.upsert(pod(vmi="vm", vmi_uid="victim-uid", namespace="mallory"))
+        assert usage.guest_running("mallory", "victim-uid") and not usage.guest_running("t1", "victim-uid")
 
     def test_init_containers_count_at_their_largest_beside_the_sum_of_containers(self) -> None:
         """The scheduler's arithmetic, the same rule as the pod webhook's (api.pods.asked)."""

@@ -12,7 +12,7 @@ import re
 from collections.abc import Container, Mapping
 from typing import Any
 
-from cozygpu.api.names import KUBEVIRT_DEVICES, KUBEVIRT_GROUP, LABEL_KUBEVIRT, LAUNCHER
+from cozygpu.api.names import KUBEVIRT_DEVICES, KUBEVIRT_GROUP, LABEL_KUBEVIRT
 
 _QUANTITY = re.compile(r"^([0-9]+)(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 _SUFFIX: dict[str | None, int] = {
@@ -105,8 +105,12 @@ def owner_vmi(pod: Mapping[str, Any]) -> tuple[str, str] | None:
 
 
 def launcher_of(pod: Mapping[str, Any]) -> str | None:
-    """The name of the VMI whose launcher the pod is: virt-controller's label and the VMI as controller."""
-    if _dict(_dict(pod.get("metadata")).get("labels")).get(LABEL_KUBEVIRT) != LAUNCHER:
-        return None
+    """The name of the VMI whose launcher the pod is: the VMI as its controller, as KubeVirt itself tells its pods,
+    whatever the `kubevirt.io` label says (a tenant may relabel its own pods; the guest runs on)."""
     owner = owner_vmi(pod)
     return owner[0] if owner and owner[0] else None
+
+
+def watched(pod: Mapping[str, Any]) -> bool:
+    """Whether the launcher informer's selection (the `kubevirt.io` label, any value) covers the pod."""
+    return LABEL_KUBEVIRT in _dict(_dict(pod.get("metadata")).get("labels"))

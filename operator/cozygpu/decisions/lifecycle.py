@@ -74,7 +74,7 @@ def device_actions(
 
     if attached is not None:
         gone = attached.claimed and attached.uid != live
-        if gone and not cluster.guest_running(attached.uid or ""):
+        if gone and not cluster.guest_running(namespace, attached.uid or ""):
             # §6.2: the VMI it was attached to is gone (a new one of the name is another VMI), and §6.7 its guest:
             # no launcher pod of that VMI holds units any more.
             why = f"VMI {attached.vmi} is gone"

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cozygpu.api.pods import EXTENDED, asked, launcher_of, owner_vmi
+from cozygpu.api.pods import EXTENDED, asked, launcher_of, owner_vmi, watched
 from cozygpu.state.store import writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
@@ -43,6 +43,7 @@ class PodUse:
     vmi: str | None = None
     resource_version: int = 0
     vmi_uid: str | None = None  # the uid of that VMI: a guest runs for it until the pod ends (§6.7)
+    watched: bool = False  # the launcher informer's selection covers it (a launcher not covered is read every sweep)
 
     @property
     def ident(self) -> str:
@@ -63,9 +64,10 @@ class PodUsage:
     def __init__(self, tombstones: int = DEFAULT_LIMIT) -> None:
         self._pods: dict[PodKey, PodUse] = {}
         self._on: dict[str, set[PodKey]] = {}
-        # Launchers holding units by their VMI's uid (§6.7), and the VMIs (namespace, name) whose launcher
-        # stopped holding units since the owner last took them (`take_ended`).
-        self._guests: dict[str, set[PodKey]] = {}
+        # Launchers holding units by their VMI's (namespace, uid) (§6.7): an owner reference names an object of
+        # the pod's own namespace, so a pod elsewhere naming a victim's uid is no guest of it. And the VMIs
+        # (namespace, name) whose launcher stopped holding units since the owner last took them (`take_ended`).
+        self._guests: dict[tuple[str, str], set[PodKey]] = {}
         # Launchers holding units by their VMI's (namespace, name), whatever its uid: a new VMI of the name waits
         # for the old guest to end (§6.7).
         self._by_vmi: dict[tuple[str, str], set[PodKey]] = {}
@@ -95,6 +97,11 @@ class PodUsage:
             return self._forget(key)
         vmi = launcher_of(body)
         owner = owner_vmi(body) if vmi else None
+        vmi_uid = owner[1] if owner and owner[1] else None
+        if old is not None and old.vmi is not None:
+            # Whose launcher a pod is stays while it lives: a guest runs in it whatever its labels or owner
+            # references are changed to (issue 34 item 1).
+            vmi, vmi_uid = old.vmi, old.vmi_uid
         new = PodUse(
             namespace=sys.intern(key[0]),
             name=key[1],
@@ -102,7 +109,8 @@ class PodUsage:
             units={sys.intern(r): n for r, n in asks.items()},
             vmi=vmi,
             resource_version=version(rv),
-            vmi_uid=owner[1] if owner and owner[1] else None,
+            vmi_uid=vmi_uid,
+            watched=watched(body),
         )
         self._pods[key] = new
         if old is not None and (old.node, old.units, old.vmi, old.vmi_uid) == (new.node, new.units, new.vmi,
@@ -112,7 +120,7 @@ class PodUsage:
             self._unindex(key, old)
         self._on.setdefault(new.node, set()).add(key)
         if new.vmi_uid:
-            self._guests.setdefault(new.vmi_uid, set()).add(key)
+            self._guests.setdefault((new.namespace, new.vmi_uid), set()).add(key)
         if new.vmi:
             self._by_vmi.setdefault((new.namespace, new.vmi), set()).add(key)
         return {new.node} | ({old.node} if old is not None else set())
@@ -137,7 +145,7 @@ class PodUsage:
     def _unindex(self, key: PodKey, old: PodUse) -> None:
         indexes: tuple[tuple[dict[Any, set[PodKey]], Any], ...] = (
             (self._on, old.node),
-            (self._guests, old.vmi_uid),
+            (self._guests, (old.namespace, old.vmi_uid) if old.vmi_uid else None),
             (self._by_vmi, (old.namespace, old.vmi) if old.vmi else None),
         )
         for index, value in indexes:
@@ -146,12 +154,12 @@ class PodUsage:
                 keys.discard(key)
                 if not keys:
                     del index[value]
-        if old.vmi_uid and old.vmi and old.vmi_uid not in self._guests:
+        if old.vmi_uid and old.vmi and (old.namespace, old.vmi_uid) not in self._guests:
             self._ended.add((old.namespace, old.vmi))
 
-    def guest_running(self, vmi_uid: str) -> bool:
-        """Whether a launcher pod of the VMI with this uid still holds units on a node (§6.7)."""
-        return vmi_uid in self._guests
+    def guest_running(self, namespace: str, vmi_uid: str) -> bool:
+        """Whether a launcher pod of the namespace's VMI with this uid still holds units on a node (§6.7)."""
+        return (namespace, vmi_uid) in self._guests
 
     def launchers_of(self, namespace: str, vmi: str) -> list[PodUse]:
         """The launcher pods of any VMI of this name that hold units, by name."""

@@ -12,9 +12,11 @@ resolves. A VMI without the device-reference label naming a managed resource is 
 is a labelled VMI that lacks the VMI webhook's mark (its configuration missing or deleted:
 the pair fails closed rather than admit a VMI without its GPUs); so is a Pod asking for one
 unless KubeVirt's controller renders it as a launcher (whose units and node the pod webhook
-then checks, §12.2). Namespaces are exempt only by name, from the operator's settings (the
-chart's list), never by a label a tenant's admin could set. The builders return objects;
-`cozygpu run --dev` registers them (runtime.process.app) and the chart ships the same.
+then checks, §12.2), and an update of such a pod that changes its `kubevirt.io` label or its
+controller reference, which tell whose guest it runs (§6.7, issue 34 item 1). Namespaces are
+exempt only by name, from the operator's settings (the chart's list), never by a label a
+tenant's admin could set. The builders return objects; `cozygpu run --dev` registers them
+(runtime.process.app) and the chart ships the same.
 """
 
 from __future__ import annotations
@@ -44,6 +46,19 @@ def _pod_asks(containers: str) -> str:
 def _vmi_names(field: str) -> str:
     devices = "object.spec.domain.devices"
     return f"(has({devices}.{field}) && {devices}.{field}.exists(d, d.deviceName == r))"
+
+
+def _same_guest(old: str, new: str) -> str:
+    """Whether two versions of a pod tell the same guest: its `kubevirt.io` label and its controller references."""
+
+    def label(pod: str) -> str:
+        return f"(has({pod}.metadata.labels) ? {pod}.metadata.labels[?'kubevirt.io'].orValue('') : '')"
+
+    def owners(pod: str) -> str:
+        controllers = "filter(r, has(r.controller) && r.controller).map(r, r.uid)"
+        return f"(has({pod}.metadata.ownerReferences) ? {pod}.metadata.ownerReferences.{controllers} : [])"
+
+    return f"({label(old)} == {label(new)} && {owners(old)} == {owners(new)})"
 
 
 def parameter(namespace: str, resources: Iterable[str]) -> dict[str, Any]:
@@ -78,8 +93,9 @@ def policy(controller_user: str) -> dict[str, Any]:
             # A core kind, not GPUClass: see `parameter` and the module's docstring.
             "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
             "matchConstraints": {
-                # What the VMI and pod webhooks admit (api.hooks): the policy guards what they would miss.
-                "resourceRules": [hooks.VMI.rule(), hooks.POD.rule()],
+                # What the VMI and pod webhooks admit (api.hooks): the policy guards what they would miss; and
+                # pod updates, which no webhook of ours sees.
+                "resourceRules": [hooks.VMI.rule(), hooks.POD.rule(), {**hooks.POD.rule(), "operations": ["UPDATE"]}],
             },
             "variables": [
                 {
@@ -115,10 +131,21 @@ def policy(controller_user: str) -> dict[str, Any]:
                 },
                 {
                     # §12.2, §12.3: only KubeVirt's launcher pods, which the pod webhook then pins.
-                    "expression": f"variables.isVMI || size(variables.podAsks) == 0 || ({launcher})",
+                    "expression": f"variables.isVMI || request.operation != 'CREATE' || size(variables.podAsks) == 0 "
+                    f"|| ({launcher})",
                     "messageExpression": "'Pod ' + object.metadata.name + ' asks for ' + variables.podAsks[0] + "
                     "', a GPU resource the GPU operator hands out: only KubeVirt launcher pods of VMs that "
                     "reference GPUDevices may ask for it'",
+                    "reason": "Forbidden",
+                },
+                {
+                    # §6.7: the operator and KubeVirt tell a launcher's guest by these; a tenant changing them would
+                    # hide a running guest and have its units given to another while it runs (issue 34 item 1).
+                    "expression": "variables.isVMI || request.operation != 'UPDATE' || size(variables.podAsks) == 0 "
+                    f"|| {_same_guest('oldObject', 'object')}",
+                    "messageExpression": "'Pod ' + object.metadata.name + ' holds ' + variables.podAsks[0] + "
+                    "', a GPU resource the GPU operator hands out: its kubevirt.io label and its controller "
+                    "reference tell whose guest it runs, and cannot change while it holds it'",
                     "reason": "Forbidden",
                 },
             ],

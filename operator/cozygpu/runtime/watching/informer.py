@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
@@ -67,10 +67,13 @@ class Informer:
         field_selector: str = "",
         wanted: Callable[[dict[str, Any]], bool] | None = None,
         in_scope: Callable[[Any], bool] | None = None,
+        confirm: Callable[[Any], Awaitable[None]] | None = None,
         timeout: int,
     ) -> None:
         """`wanted`: objects worth a look at all (others not even a Change, unless the view holds them);
-        `in_scope`: which keys the view holds that this informer's selectors cover (all by default)."""
+        `in_scope`: which keys the view holds that this informer's selectors cover (all by default);
+        `confirm`: for a label selection an object's owner can leave, reads a key fresh into the view (or forgets
+        it) where a DELETED event or a list's absence may only mean the object left the selection."""
         self.kind = kind
         self._view = view
         self._kube = kube
@@ -78,6 +81,7 @@ class Informer:
         self._fields = field_selector
         self._wanted = wanted
         self._in_scope = in_scope
+        self._confirm = confirm
         self._timeout = timeout
         self._at = ""  # the version the watch resumes from; empty: list first
         self.failing: str | None = None  # what failed, until a list succeeds again (for /readyz)
@@ -92,6 +96,9 @@ class Informer:
         if unwanted and not self._view.cluster.knows(self.kind, key):
             return
         self._view.apply(self.kind, body, deleted=deleted)
+
+    def _covered(self, key: Any) -> bool:
+        return self._view.cluster.knows(self.kind, key) and (self._in_scope is None or self._in_scope(key))
 
     async def list(self, *, resume: bool = True) -> tuple[int, int]:
         """List and make the view agree; returns (forgotten, unchanged). With `resume`, the watch continues
@@ -120,6 +127,9 @@ class Informer:
             if self._in_scope is not None and not self._in_scope(key):
                 continue
             namespace, name = key if isinstance(key, tuple) else ("", key)
+            if self._confirm is not None:
+                await self._confirm(key)
+                continue
             self._view.forget(self.kind, namespace, name, version)
             log.info("view.forgot", kind=self.kind.kind, namespace=namespace or None, name=name)
             forgotten += 1
@@ -168,6 +178,8 @@ class Informer:
                 if code == 410:
                     raise Expired
                 raise ApiError(code, str(body.get("reason", "")), str(body.get("message", "")))
-            if event != "BOOKMARK":
+            if event == "DELETED" and self._confirm is not None and self._covered(key_of(self.kind, body)):
+                await self._confirm(key_of(self.kind, body))
+            elif event != "BOOKMARK":
                 self._take(body, deleted=event == "DELETED")
             self._at = _version(body) or self._at

@@ -4,9 +4,13 @@ The GPUNode status shows units held by pods the operator did not place, so a byp
 the guard (or one that predates it) can be seen, and placement does not count those
 units as free. Watching every pod of a GPU cloud is out of the question, so:
 
-- launcher pods (virt-controller's label) running on a node: an informer
-  (runtime.watching.informer) with a label and a field selector. Every VM's launcher is in it,
-  the operator's own and those of VMIs it did not admit.
+- launcher pods running on a node: an informer (runtime.watching.informer) selecting the
+  `kubevirt.io` label, whatever its value, and a field selector. Every VM's launcher is in it,
+  the operator's own and those of VMIs it did not admit. A pod is a launcher by its VMI
+  controller reference, as KubeVirt tells its own pods, and stays one while it lives; one that
+  leaves the selection (its tenant removed the label) is read fresh, not forgotten, and then
+  read again every sweep like the scan's pods, so a relabelled launcher never hides a running
+  guest (§6.7, issue 34 item 1).
 - every other pod: a paged list of pods running on a node, at start-up and every
   `pod_scan_interval`. Since the no-bypass policy (§12.1) no new pod outside an exempt
   namespace can ask for a managed resource, so what the list finds is the old bypass,
@@ -26,7 +30,7 @@ from typing import Any
 import structlog
 
 from cozygpu.api import kinds
-from cozygpu.api.names import LABEL_KUBEVIRT, LAUNCHER
+from cozygpu.api.names import LABEL_KUBEVIRT
 from cozygpu.api.pods import EXTENDED, asked
 from cozygpu.kube.adapter import AsyncKube
 from cozygpu.runtime.view import View
@@ -35,7 +39,7 @@ from cozygpu.runtime.writes import Writer
 
 log = structlog.get_logger("cozygpu.pods")
 
-LAUNCHERS = f"{LABEL_KUBEVIRT}={LAUNCHER}"
+LAUNCHERS = LABEL_KUBEVIRT  # the key alone, as KubeVirt's own pod informer selects: a tenant may change the value
 # Pods that can hold units: placed on a node and not ended. One that leaves the selection arrives as DELETED.
 HOLDING = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 
@@ -64,11 +68,11 @@ class PodWatch:
 
         def launcher(key: Any) -> bool:
             held = cluster.pod(*key)
-            return held is not None and held.vmi is not None
+            return held is not None and held.vmi is not None and held.watched
 
         self._launchers = Informer(
             view, kube, kinds.POD, label_selector=LAUNCHERS, field_selector=HOLDING, wanted=_asks, in_scope=launcher,
-            timeout=watch_timeout,
+            confirm=self._read, timeout=watch_timeout,
         )  # fmt: skip
         self._everything = Informer(view, kube, kinds.POD, field_selector=HOLDING, wanted=_asks, timeout=watch_timeout)
 
@@ -101,17 +105,22 @@ class PodWatch:
             except Exception as e:
                 log.warning("pods.scan_failed", error=str(e) or type(e).__name__)
 
+    async def _read(self, key: tuple[str, str]) -> None:
+        """A pod fresh into the view, or forgotten if it is gone (or no longer holds units)."""
+        await self._writer.read(kinds.POD, key[1], key[0])
+
     async def _recheck_every(self) -> None:
-        """Read again, one by one, the pods the scan found that no watch follows (few: the old bypass)."""
+        """Read again, one by one, the pods no watch follows: those the scan found (few: the old bypass), and
+        launchers whose tenant took them out of the launcher informer's selection."""
         cluster = self._view.cluster
         while True:
             await asyncio.sleep(self._recheck_interval)
             for namespace, name in list(cluster.pod_keys()):
                 held = cluster.pod(namespace, name)
-                if held is None or held.vmi is not None:
+                if held is None or (held.vmi is not None and held.watched):
                     continue
                 try:
-                    await self._writer.read(kinds.POD, name, namespace)  # into the view, or forgotten
+                    await self._read((namespace, name))
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # the API or the network: read again next time
