@@ -91,7 +91,8 @@ dev-cluster: venv control-plane
 	$(BIN)/cozygpu dev-cluster --kubeconfig .dev/kubeconfig $(DEV_CLUSTER_FLAGS)
 
 # Figures, each beside its peer (prints, asserts nothing; never part of make test): the decision
-# paths in memory, a simulated day with idle moves and without (§5.7), the binder against
+# paths in memory, a simulated day with idle moves and without (§5.7), a replica's CPU per watch
+# event against its size (beside the line reader before), the binder against
 # kube-scheduler, admission against its chain of writes and beside another tenant's largest VMIs,
 # a VM start through KubeVirt beside one without GPUs.
 BENCH_SIZES ?= 1000:5000 5000:20000
@@ -101,6 +102,7 @@ bench: venv kubevirt
 	$(BIN)/python bench/placement.py --nodes 5000 --devices 20000 --tenants 10000
 	$(BIN)/python bench/placement.py --nodes 20000 --devices 50000 --rounds 50
 	$(BIN)/python bench/day.py --nodes 200
+	$(BIN)/python bench/events.py
 	for size in $(BENCH_SIZES); do \
 	  KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh kube-scheduler | tail -n 1)" \
 	    $(BIN)/python bench/binder.py --nodes $${size%%:*} --devices $${size##*:} || exit 1; done

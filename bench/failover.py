@@ -69,10 +69,10 @@ def main() -> None:
         b.stop()
     term = dt.timedelta(seconds=args.lease_duration)
     bound_by = (term + retry_period(term)).total_seconds()
-    print(f"{'at ' + str(args.nodes) + ' nodes, ' + str(args.devices) + ' devices':<52}{'measured':>10}"
-          f"{'term + retry':>14}{'ratio':>8}")  # fmt: skip
-    print(f"{'failover: last renewal, killed -> a bind answered (s)':<52}{failover:>10.1f}{bound_by:>14.1f}"
-          f"{failover / bound_by:>8.2f}")  # fmt: skip
+    size = f"at {args.nodes} nodes, {args.devices} devices"
+    print(f"{size:<52}{'measured':>10}{'term + retry':>14}{'ratio':>8}")
+    label = "failover: last renewal, killed -> a bind answered (s)"
+    print(f"{label:<52}{failover:>10.1f}{bound_by:>14.1f}{failover / bound_by:>8.2f}")
     print(f"{'resident memory, leader / standby (MiB)':<48}{memory[0]:>5.0f} / {memory[1]:<5.0f}")
     print(f"  lists by the successor between the kill and the bind: {lists} (0: its view was warm)")
 

@@ -12,6 +12,7 @@ from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from cozygpu.api import references
 from cozygpu.api.names import is_namespace_name
 
 ENV_PREFIX = "COZYGPU_"
@@ -79,7 +80,7 @@ class Settings(BaseModel):
     max_devices_per_vmi: int = Field(
         default=64,
         ge=1,
-        le=4096,
+        le=references.MOST,
         description="Device references a VMI may list (§3.2); a set must fit one node, and the largest GPU nodes "
         "hold 8-16 GPUs or some tens of vGPUs.",
     )

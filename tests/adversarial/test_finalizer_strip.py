@@ -133,9 +133,13 @@ def unmanaged_units(kube: Kube, node: str, resource: str) -> int:
 
 
 def test_a_running_launcher_cannot_be_relabelled_or_unowned_to_hide_its_guest(
-    kv: Kube, kv_operator: OperatorProcess, kv_gpu: Gpu, kv_node: KVNodeFactory, kv_mallory: Tenant,
+    kv: Kube,
+    kv_operator: OperatorProcess,
+    kv_gpu: Gpu,
+    kv_node: KVNodeFactory,
+    kv_mallory: Tenant,
     kv_victim: Tenant,
-) -> None:  # fmt: skip
+) -> None:
     """Issue 34 item 1: mallory, with her namespace's `edit` role (pod rights), relabels her running launcher
     (`kubevirt.io=x`, or no label) or takes its VMI controller reference off, so the operator would count the guest
     as gone and a finalizer strip would free its units for another while it runs. Each change is refused by the

@@ -26,8 +26,9 @@ WAIT = 0.6  # seconds a device is idle before it may move (--idle-move-after, sc
 
 
 def _binder(view: View, kube: MemKube, w: Any) -> Binder:
-    binder = Binder(view.cluster, w, incomplete_after=30, concurrency=8, idle_moves=4, idle_after=WAIT,
-                    events=recorder(kube))  # fmt: skip
+    binder = Binder(
+        view.cluster, w, incomplete_after=30, concurrency=8, idle_moves=4, idle_after=WAIT, events=recorder(kube)
+    )
     view.subscribe(binder.changed)
     return binder
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cozygpu.api import GPUDevice, kinds, pods
-from cozygpu.api.names import ANNOTATION_DEVICES
+from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.decisions import launchers
 from cozygpu.decisions.pinning import is_pinned, pinned_spec
 from cozygpu.runtime.view import View
@@ -124,8 +124,15 @@ class TestWhoMayAsk:
         """§14.2: a device attached to the name, its uid not recorded yet, counts for the VMI that exists only
         if that VMI names it: another create of the name, refused AlreadyExists, attached it."""
         mine, theirs = attached("g0", "a10", 1, "n7", uid=None), attached("g1", "a10", 1, "n2", uid=None)
-        vm = {"metadata": {"namespace": "t1", "name": "vm", "uid": "u1", "resourceVersion": "1",
-                           "annotations": {ANNOTATION_DEVICES: '[{"device": "g0"}]'}}}  # fmt: skip
+        meta = {
+            "namespace": "t1",
+            "name": "vm",
+            "uid": "u1",
+            "resourceVersion": "1",
+            "labels": {LABEL_DEVICE_REFERENCE: TRUE},
+            "annotations": {ANNOTATION_DEVICES: '[{"device": "g0"}]'},
+        }
+        vm = {"metadata": meta}
         assert judge(launcher({A10: "1"}), [mine, theirs], vmis=[vm]) == launchers.Verdict(node="n7")
         # Before the view has the VMI, both count (the pod may come first): the set is on two nodes.
         assert "more than one node" in (judge(launcher({A10: "1"}), [mine, theirs]).refusal or "")

@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Any
 
 from cozygpu.api import GPUClass, GPUDevice, kinds
-from cozygpu.api.names import ANNOTATION_DEVICES, FINALIZER_IN_USE
+from cozygpu.api.names import ANNOTATION_DEVICES, FINALIZER_IN_USE, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.decisions.lifecycle import Action, Do, class_action, device_actions, due
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
@@ -31,7 +31,16 @@ def with_vmi(uid: str | None, names: str = '[{"deviceTemplate": {"className": "a
     if uid:
         annotations = {ANNOTATION_DEVICES: names}
         View(c).apply(
-            kinds.VMI, {"metadata": {"name": "vm", "namespace": "t1", "uid": uid, "annotations": annotations}}
+            kinds.VMI,
+            {
+                "metadata": {
+                    "name": "vm",
+                    "namespace": "t1",
+                    "uid": uid,
+                    "annotations": annotations,
+                    "labels": {LABEL_DEVICE_REFERENCE: TRUE},
+                }
+            },
         )
     return c
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.kubevirt import wants_to_run
-from cozygpu.api.names import ANNOTATION_DEVICES, CONDITION_KEPT, FINALIZER_IN_USE
+from cozygpu.api.names import ANNOTATION_DEVICES, CONDITION_KEPT, FINALIZER_IN_USE, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.decisions.lifecycle import RECHECK, Action, Do, device_actions, due, metadata_changes, status_after
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
@@ -44,6 +44,7 @@ def vmi(uid: str | None, *, vm: bool = True) -> Cluster:
             "namespace": "t1",
             "uid": uid,
             "annotations": {ANNOTATION_DEVICES: '[{"deviceTemplate": {"className": "a", "count": 1}}]'},
+            "labels": {LABEL_DEVICE_REFERENCE: TRUE},  # as every VMI the webhook admits
         }
         if vm:
             meta["ownerReferences"] = [{**VM_REF, "controller": True}]

@@ -61,6 +61,10 @@ def _entry(index: int, raw: Any) -> Ref:
     return TemplateRef(class_name, count)
 
 
+# The most references any VMI may list (`--max-devices-per-vmi` is at most this): the view reads no more of one.
+MOST = 4096
+
+
 def parse(annotations: dict[str, str] | None, limit: int | None = None) -> list[Ref]:
     """§3.2: the annotation must be a non-empty JSON array of valid entries, at most `limit` of them (checked
     before any entry is looked at: one VMI's work must stay small beside everyone else's)."""
@@ -92,9 +96,9 @@ def parse(annotations: dict[str, str] | None, limit: int | None = None) -> list[
 
 def device_names(vmi: str, annotations: Any) -> frozenset[str]:
     """The GPUDevices the VMI `vmi` names: its held devices and its template entries' devices; none if the
-    annotation cannot be read (such a VMI went through no admission of ours)."""
+    annotation cannot be read or lists more than any VMI may (such a VMI went through no admission of ours)."""
     try:
-        refs = parse(annotations)
+        refs = parse(annotations, MOST)
     except ReferenceError:
         return frozenset()
     return frozenset(r.name if isinstance(r, HeldRef) else template_device_name(vmi, i) for i, r in enumerate(refs))

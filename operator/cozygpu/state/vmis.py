@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cozygpu.api import GPUDevice, references
+from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.state.store import Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT
 
@@ -26,6 +27,9 @@ class Vmis:
         # And the devices each names (§14.2): a device a losing create of the name attached is not the VMI's.
         self._names: dict[VmiKey, frozenset[str]] = {}
         self._all_uids: set[str] = set()
+        # The hash of the devices annotation last read of each labelled VMI (a process's own seed: no tenant can
+        # make another text hash alike on purpose).
+        self._read: dict[VmiKey, int] = {}
         # The VirtualMachine that controls it (name, uid), if one does: its template devices outlive it (§6.6).
         self._vm: dict[VmiKey, tuple[str, str]] = {}
 
@@ -37,7 +41,7 @@ class Vmis:
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if not self.store.news(key, meta.get("resourceVersion")):
             return None
-        uid, names = meta.get("uid", ""), references.device_names(key[1], meta.get("annotations"))
+        uid, names = meta.get("uid", ""), self._names_in(key, meta)
         old = self.store.put(key, uid, meta.get("resourceVersion"))
         vm = next(((o.get("name", ""), o.get("uid", "")) for o in meta.get("ownerReferences") or []
                    if o.get("kind") == "VirtualMachine" and o.get("controller")), None)  # fmt: skip
@@ -52,12 +56,28 @@ class Vmis:
         self._names[key] = names
         return key
 
+    def _names_in(self, key: VmiKey, meta: dict[str, Any]) -> frozenset[str]:
+        """The devices the VMI names, read from its annotation only when it is labelled (no other VMI went through
+        our admission) and the annotation's text changed: every replica hears every VMI event, and one tenant
+        patching a fat VMI must not cost them a parse each (issue 34 item 2). A label taken off after admission
+        changes nothing the VMI was admitted with."""
+        annotations = meta.get("annotations")
+        text = annotations.get(ANNOTATION_DEVICES) if isinstance(annotations, dict) else None
+        labels = meta.get("labels")
+        labelled = isinstance(labels, dict) and labels.get(LABEL_DEVICE_REFERENCE) == TRUE
+        seen = self._read.get(key)
+        if not labelled or seen == hash(text):
+            return self._names.get(key, frozenset())
+        self._read[key] = hash(text)
+        return references.device_names(key[1], annotations)
+
     @writes
     def pop(self, key: VmiKey, removal: str | None) -> bool:
         """Forget the VMI; whether the view held one of the name."""
         held = key in self.store
         self._all_uids.discard(self.store.pop(key, removal) or "")
         self._names.pop(key, None)
+        self._read.pop(key, None)
         self._vm.pop(key, None)
         return held
 
