@@ -26,7 +26,7 @@ from cozygpu.api.selectors import selector_matches
 from cozygpu.decisions.budgets import Order, check_orders
 from cozygpu.decisions.lifecycle import device_actions
 from cozygpu.decisions.nodestatus import gpunode_status
-from cozygpu.decisions.placement import place
+from cozygpu.decisions.placement import place, place_scanning
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 
@@ -134,6 +134,16 @@ def main() -> None:
     timed("place a set of two new devices", lambda: place(c, new), args.rounds)
     gather = [c.devices[("t0", "d0")], c.devices[("t2", "d2")]]
     timed("place a set gathering two Bound devices", lambda: place(c, gather), args.rounds)
+    # A VM start with a held device (Bound) and a new template device of its class (issue 34 item 5), beside the
+    # scan over every node with the resource that decided it before.
+    held = c.devices[("t0", "d0")]
+    template = {"metadata": {"name": "vm-gpu-1", "namespace": "t0"}, "spec": {"className": held.spec.class_name}}
+    template["spec"]["count"] = 1
+    start = [held, GPUDevice.from_wire(template)]
+    assert place(c, start) == place_scanning(c, start)
+    fast = timed("place a VM start: a held device + a new one", lambda: place(c, start), args.rounds)
+    scan = timed("  the same by a scan of every node (before)", lambda: place_scanning(c, start), args.rounds)
+    print(f"  scan / place: {scan / fast:.0f}x")
     orders = [Order("t0", "c0", 1, "deviceTemplate 0"), Order("t0", "c0", 2, "deviceTemplate 1")]
     timed("check two orders against budgets", lambda: check_orders(c, orders), args.rounds)
     now = dt.datetime.now(dt.UTC)

@@ -253,3 +253,36 @@ def test_units_a_pod_behind_the_operators_back_holds_are_not_free() -> None:
     assert left.room == {"a10"}
     View(c).apply(kinds.POD, pod("other-job", {A10: 2}, node="n1"))
     assert isinstance(outcome := place(c, wanted), Placement) and outcome.node == "n2"
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 6), st.booleans(), st.booleans(), st.sampled_from(["x", "y"])), min_size=1, max_size=8
+    ),
+    st.lists(st.tuples(st.integers(0, 7), st.integers(1, 3)), max_size=10),
+    st.lists(st.tuples(st.integers(0, 7), st.integers(1, 3), st.booleans()), min_size=1, max_size=4),
+)
+def test_a_set_with_bound_members_is_placed_where_looking_at_every_node_would(
+    shapes: list[tuple[int, bool, bool, str]],
+    others: list[tuple[int, int]],
+    members: list[tuple[int, int, bool]],
+) -> None:
+    """§5.2, §5.3, issue 34 item 5: a VM start with a held device Bound somewhere (and others new) goes where the
+    scan over every node would send it, or is refused with the same reasons, judged from the members' own nodes and
+    the view's best-fit order instead of every node (17-37 ms per request at 5,000 nodes before)."""
+    nodes = [
+        node(f"n{i}", {A10: size}, ready=ready, unschedulable=cordoned, labels={"zone": zone})
+        for i, (size, ready, cordoned, zone) in enumerate(shapes)
+    ]
+    bound = [
+        device(f"o{j}", count=n, phase="Bound", node_name=f"n{i % len(shapes)}", namespace="other", created=j)
+        for j, (i, n) in enumerate(others)
+    ]
+    wanted = []
+    for j, (i, n, on_node) in enumerate(members):
+        where: dict[str, Any] = {"phase": "Bound", "node_name": f"n{i % len(shapes)}"} if on_node else {}
+        wanted.append(device(f"m{j}", count=n, created=100 + j, **where))
+    c = cluster(nodes=nodes, classes=[gpu_class("a10", nodeSelector={"zone": "x"})], devices=bound + wanted)
+    devices = [c.devices[("t1", f"m{j}")] for j in range(len(members))]
+    assert place(c, devices) == place_scanning(c, devices)

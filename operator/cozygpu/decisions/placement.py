@@ -114,13 +114,18 @@ def place(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlace
     A set of new devices of one class (every waiting device, most admissions) needs the same moves
     anywhere, so the best node is the first in the class's best-fit order, and that none fits is
     known from the same order: O(log n) in nodes either way (§14.3), and the reason names the
-    closest nodes from the view's indexes. Sets of several classes of one resource walk the
-    resource's order; gathers and sets of several resources look at every node that has the
-    resources (`place_scanning`)."""
+    closest nodes from the view's indexes. A set of one class with Bound members (a VM start with a
+    held device) needs fewer moves only where its members are: those few nodes are judged one by one,
+    and past them the order is the same (`_gather`). Sets of several classes of one resource walk the
+    resource's order; gathers of several classes and sets of several resources look at every node that
+    has the resources (`place_scanning`)."""
     classes = classes_of(cluster, devices)
     if isinstance(classes, NoPlacement):
         return classes
     resources = {c.spec.resource_name for c in classes.values()}
+    if len(classes) == 1 and any(d.holds_gpus for d in devices):
+        (cls,) = classes.values()
+        return _gather(cluster, cls, devices, classes)
     if len(resources) == 1 and not any(d.holds_gpus for d in devices):
         units = sum(d.spec.count for d in devices)
         moves = tuple(d.name for d in devices)
@@ -137,16 +142,47 @@ def place(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlace
     return place_scanning(cluster, devices)
 
 
+def _gather(
+    cluster: Cluster, cls: GPUClass, devices: Sequence[GPUDevice], classes: dict[str, GPUClass]
+) -> Placement | NoPlacement:
+    """`place` for a set of one class with Bound members, as the scan decides it without looking at every node
+    (issue 34 item 5): a node holding a member moves fewer devices than any other, so the best of those few
+    that take the rest wins; else the fullest node that takes the whole set, the first of the best-fit order."""
+    homes = sorted({n for d in devices if d.holds_gpus and (n := d.status.node_name) and n in cluster.nodes})
+    best: tuple[tuple[int, int, str], tuple[str, ...]] | None = None
+    for name in homes:
+        outcome = _evaluate(cluster, cluster.nodes[name], devices, classes)
+        if not isinstance(outcome, _Miss) and (best is None or outcome[0] < best[0]):
+            best = outcome
+    if best is not None:
+        return Placement(node=best[0][2], moves=best[1])
+    units = sum(d.spec.count for d in devices)
+    node = next((n for n in cluster.serving.best_fit(cls.name, units) if n not in homes), None)
+    if node is not None:
+        return Placement(node, tuple(d.name for d in devices))
+    return _unfit(cluster, cls, units, devices, classes, homes=homes)
+
+
 def _unfit(
-    cluster: Cluster, cls: GPUClass, units: int, devices: Sequence[GPUDevice], classes: dict[str, GPUClass]
+    cluster: Cluster,
+    cls: GPUClass,
+    units: int,
+    devices: Sequence[GPUDevice],
+    classes: dict[str, GPUClass],
+    *,
+    homes: Sequence[str] = (),
 ) -> NoPlacement:
     """Why no node takes `units` of one class, from the indexes: the serving nodes with the most free
-    units, then the nodes with the resource that do not serve the class, by name (as `place_scanning`)."""
+    units, then the nodes with the resource that do not serve the class, by name (as `place_scanning`);
+    a node in `homes` holds members of the set, and needs less (judged as the scan judges it)."""
     index, resource = cluster.serving, cls.spec.resource_name
-    shown = [
-        f"node {n} has {f} free of {resource}, needs {units}"
-        for f, n in index.fullest_first(cls.name, MAX_NODE_REASONS)
-    ]
+    shown = []
+    for free_units, name in index.fullest_first(cls.name, MAX_NODE_REASONS):
+        outcome = _evaluate(cluster, cluster.nodes[name], devices, classes) if name in homes else None
+        if isinstance(outcome, _Miss):
+            shown.append(outcome.reason)
+        else:
+            shown.append(f"node {name} has {free_units} free of {resource}, needs {units}")
     for name in index.unserved(cls.name, MAX_NODE_REASONS - len(shown)):
         shown.append(node_serves(cluster, cluster.nodes[name], cls).reason)
     return NoPlacement(_message(_headline(devices, classes), shown, sum(index.counts(cls.name)), {resource}), True)
