@@ -55,6 +55,22 @@ def test_device_creates_that_could_never_be_served_are_refused(
     assert kube.list(kinds.GPU_DEVICE, namespace) == []
 
 
+def test_a_create_carrying_a_resource_version_is_refused_before_it_holds_a_budget(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """Issue 34 item 3: the API server refuses a create carrying metadata.resourceVersion only after the webhooks,
+    so a webhook that admitted it held the order against the namespace's budgets for 30 s with nothing to show for
+    it. The webhook refuses it first, naming the field, and the budget's room is whole at once."""
+    gpu_node({gpu.resource: 8}, name=f"n-{gpu.cls}")
+    kube.create(kinds.GPU_BUDGET, budget_body("one", namespace, {gpu.cls: 1}))
+    budget_seen(kube, namespace, "one")
+    phantom = gpu_device_body("phantom", namespace, gpu.cls)
+    phantom["metadata"]["resourceVersion"] = "12345"
+    assert "GPUDevice phantom: metadata.resourceVersion must not be set on a create" in denied(kube, phantom)
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("real", namespace, gpu.cls))  # before: refused, over the budget
+    assert [d["metadata"]["name"] for d in kube.list(kinds.GPU_DEVICE, namespace)] == ["real"]
+
+
 def test_concurrent_held_device_creates_cannot_together_pass_a_budget(
     admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
 ) -> None:

@@ -85,6 +85,13 @@ def device(
     }
 
 
+def created(name: str, class_name: str = "a10", **kwargs: Any) -> dict[str, Any]:
+    """`device`'s body as a create request carries it: no resourceVersion (the API server gives one)."""
+    body = device(name, class_name, **kwargs)
+    del body["metadata"]["resourceVersion"]
+    return body
+
+
 def budget(
     name: str, namespace: str = "t1", limits: dict[str, int] | None = None, total: int | None = None, **spec: Any
 ) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from cozygpu.runtime.ledger import CONFIG_MAP, NAME, SETTLE, Ledger
 from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.binder import Binder
 from tests.support.memkube import MemKube
-from tests.support.views import A10, budget, cluster, device, gpu_class, node, request
+from tests.support.views import A10, budget, cluster, created, device, gpu_class, node, request
 from tests.support.workers import run_until
 from tests.support.writing import NS, writer
 
@@ -53,7 +53,7 @@ def _replica(kube: MemKube) -> Validation:
 def _held(replica: Validation, name: str) -> bool:
     async def create() -> bool:
         try:
-            await replica.device("CREATE", device(name), None, USER, False, review=f"review-{name}")
+            await replica.device("CREATE", created(name), None, USER, False, review=f"review-{name}")
         except Denied:
             return False
         return True

@@ -18,7 +18,7 @@ from cozygpu.runtime.admission.validation import Denied, Validation
 from cozygpu.runtime.ledger import CONFIG_MAP, HELD_BYTES, HELD_MAX, NAME, Busy, Entry, Ledger, _key, _size, _value
 from cozygpu.runtime.view import View
 from tests.support.memkube import MemKube
-from tests.support.views import A10, budget, cluster, device, gpu_class, node
+from tests.support.views import A10, budget, cluster, created, device, gpu_class, node
 
 OPS = "cozy-gpu-system"
 USER = "system:serviceaccount:t1:tenant"
@@ -36,7 +36,7 @@ def _replica(kube: MemKube, *, ledger: bool = True) -> Validation:
 
 async def _create(replica: Validation, name: str, review: str) -> bool:
     try:
-        await replica.device("CREATE", device(name), None, USER, False, review=review)
+        await replica.device("CREATE", created(name), None, USER, False, review=review)
     except Denied:
         return False
     return True
@@ -148,7 +148,7 @@ def test_a_budget_over_two_namespaces_holds_when_each_replica_admits_in_another(
 
 async def _create_in(replica: Validation, namespace: str, name: str, review: str) -> bool:
     try:
-        await replica.device("CREATE", device(name, namespace=namespace), None, USER, False, review=review)
+        await replica.device("CREATE", created(name, namespace=namespace), None, USER, False, review=review)
     except Denied:
         return False
     return True
@@ -165,7 +165,7 @@ def _replica_of(kube: MemKube, limit: int) -> tuple[Validation, View]:
 
 async def _create_as(replica: Validation, name: str, count: int, uid: str) -> bool:
     try:
-        await replica.device("CREATE", device(name, count=count, uid=uid), None, USER, False, review=f"r-{uid}")
+        await replica.device("CREATE", created(name, count=count, uid=uid), None, USER, False, review=f"r-{uid}")
     except Denied:
         return False
     return True
@@ -232,7 +232,7 @@ def test_a_tenants_burst_of_creates_does_not_queue_another_tenants_create_behind
 
     async def create(namespace: str, name: str) -> bool:
         try:
-            await replica.device("CREATE", device(name, namespace=namespace), None, USER, False, review=name)
+            await replica.device("CREATE", created(name, namespace=namespace), None, USER, False, review=name)
         except Denied:
             return False
         finally:
@@ -260,7 +260,7 @@ def _two_tenants(kube: MemKube) -> Validation:
 
 async def _outcome(replica: Validation, namespace: str, name: str) -> str:
     try:
-        await replica.device("CREATE", device(name, namespace=namespace), None, USER, False, review=name)
+        await replica.device("CREATE", created(name, namespace=namespace), None, USER, False, review=name)
     except Denied as e:
         return f"denied: {e}"
     except Exception:

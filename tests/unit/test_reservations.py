@@ -13,7 +13,7 @@ from cozygpu.decisions.budgets import Order
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Denied, Validation
 from cozygpu.runtime.writes import Writer
-from tests.support.views import A10, budget, cluster, device, gpu_class, node
+from tests.support.views import A10, budget, cluster, created, device, gpu_class, node
 from tests.support.writing import writer
 
 TENANT = "system:serviceaccount:t1:tenant"
@@ -22,7 +22,7 @@ TENANT = "system:serviceaccount:t1:tenant"
 def create(v: Validation, name: str, count: int, class_name: str = "a10") -> str | None:
     """The GPUDevice webhook's answer to a create: None when admitted, else the denial."""
     try:
-        asyncio.run(v.device("CREATE", device(name, class_name, count=count), None, TENANT, dry_run=False))
+        asyncio.run(v.device("CREATE", created(name, class_name, count=count), None, TENANT, dry_run=False))
     except Denied as e:
         return str(e)
     return None
@@ -83,7 +83,7 @@ def test_a_held_order_is_reserved_under_its_reviews_uid() -> None:
     """The webhook passes the review's uid down; what it reserves is found under it."""
     reservations = Reservations(ttl=30)
     v = Validation(cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")]), reservations)
-    asyncio.run(v.device("CREATE", device("a", count=2), None, TENANT, dry_run=False, review="uid-1"))
+    asyncio.run(v.device("CREATE", created("a", count=2), None, TENANT, dry_run=False, review="uid-1"))
     assert reservations.orders() == [Order("t1", "a10", 2, "a")]
     reservations.add("t1", "a", Order("t1", "a10", 2, "a"), review="uid-1")  # the same admission again: one order
     assert len(reservations.orders()) == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice
 from cozygpu.decisions import validation
 from cozygpu.decisions.budgets import Order
-from tests.support.views import A10, budget, cluster, device, gpu_class, node
+from tests.support.views import A10, budget, cluster, created, device, gpu_class, node
 
 OPERATOR = "system:serviceaccount:cozy:gpu-operator"
 
@@ -13,7 +13,7 @@ OPERATOR = "system:serviceaccount:cozy:gpu-operator"
 def test_a_valid_held_device_is_admitted() -> None:
     """An existing class, a count that fits, room in the budget."""
     c = cluster(nodes=[node("n1", {A10: 4})], classes=[gpu_class("a10")])
-    assert validation.device_create(c, GPUDevice.from_wire(device("d", count=2)), "alice", OPERATOR) is None
+    assert validation.device_create(c, GPUDevice.from_wire(created("d", count=2)), "alice", OPERATOR) is None
 
 
 def test_device_create_refusals() -> None:
@@ -29,17 +29,22 @@ def test_device_create_refusals() -> None:
     def check(body: dict[str, object]) -> str | None:
         return validation.device_create(c, GPUDevice.from_wire(body), "alice", OPERATOR)
 
-    assert check(device("d", "nope")) == "GPUDevice d: GPUClass nope does not exist"
-    assert check(device("d", "gone-soon")) == "GPUDevice d: GPUClass gone-soon is being deleted and takes no new orders"
-    assert check(device("d", "small", 2)) == "GPUDevice d: count 2 exceeds the maxCount of 1 of GPUClass small"
-    assert "no node has 5 units" in str(check(device("d", "a10", 5)))
-    assert "GPUBudget t1/cap allows 3 units" in str(check(device("d", "a10", 4)))
+    assert check(created("d", "nope")) == "GPUDevice d: GPUClass nope does not exist"
+    assert (
+        check(created("d", "gone-soon")) == "GPUDevice d: GPUClass gone-soon is being deleted and takes no new orders"
+    )
+    assert check(created("d", "small", count=2)) == "GPUDevice d: count 2 exceeds the maxCount of 1 of GPUClass small"
+    assert "no node has 5 units" in str(check(created("d", "a10", count=5)))
+    assert "GPUBudget t1/cap allows 3 units" in str(check(created("d", "a10", count=4)))
+    # Issue 34 item 3: the API server refuses a create that carries one, after the webhooks; refused first, it
+    # reserves nothing against the budgets.
+    assert check(device("d", "a10", 1)) == "GPUDevice d: metadata.resourceVersion must not be set on a create"
 
 
 def test_only_the_operator_creates_template_devices() -> None:
     """§1.2/§9.1: the template label is the operator's; its own creates skip the budget (checked at §3.9)."""
     c = cluster(nodes=[node("n1", {A10: 4})], classes=[gpu_class("a10")], budgets=[budget("cap", limits={"a10": 0})])
-    body = GPUDevice.from_wire(device("vm-gpu-0", template=True))
+    body = GPUDevice.from_wire(created("vm-gpu-0", template=True))
     assert "only the GPU operator may create" in str(validation.device_create(c, body, "alice", OPERATOR))
     assert validation.device_create(c, body, OPERATOR, OPERATOR) is None
 
@@ -48,7 +53,7 @@ def test_reservations_count_against_the_next_create() -> None:
     """§7.4: an admitted create not yet in the view uses room."""
     c = cluster(nodes=[node("n1", {A10: 4})], classes=[gpu_class("a10")], budgets=[budget("cap", limits={"a10": 1})])
     prior = [Order("t1", "a10", 1, "GPUDevice first")]
-    assert validation.device_create(c, GPUDevice.from_wire(device("second")), "alice", OPERATOR, prior) is not None
+    assert validation.device_create(c, GPUDevice.from_wire(created("second")), "alice", OPERATOR, prior) is not None
 
 
 def test_device_updates() -> None:

@@ -26,6 +26,9 @@ def device_create(
 ) -> str | None:
     """§9.1 CREATE: the class takes orders, the count fits, the order passes §7; template label is ours."""
     what = f"GPUDevice {device.name}"
+    if device.metadata.resource_version:
+        # The API server refuses it after the webhooks: reserved here, it would hold the budgets for nothing.
+        return f"{what}: metadata.resourceVersion must not be set on a create"
     if device.carries_template_label and requester != operator:
         return f"{what}: only the GPU operator may create devices labelled {LABEL_TEMPLATE_DEVICE}"
     cls = cluster.classes.get(device.spec.class_name)
