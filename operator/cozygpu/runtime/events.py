@@ -4,7 +4,9 @@ Posting is best effort and never blocks a decision: Events wait in a bounded que
 a few posters write them in the background, so they never compete with the binder's
 and the webhook's writes for more than `POSTERS` of the client's connections (a burst of
 binds posts as many Events as it writes devices). A failure is only logged; when the
-queue is full the Event is dropped and counted.
+queue is full the Event is dropped and counted. No namespace may hold more than a tenth of
+the queue: one tenant's burst of failures drops its own Events, not everyone's (issue 34
+item 6).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ log = structlog.get_logger("cozygpu.events")
 COMPONENT = "cozy-gpu-operator"
 POSTERS = 2
 QUEUED = 10_000
+SHARE = QUEUED // 10  # the most Events of one namespace waiting at once
 WARNINGS = frozenset({"Lost", "Failed"})
 
 
@@ -59,10 +62,12 @@ def event_body(involved: dict[str, Any], reason: str, message: str) -> dict[str,
 
 
 class Recorder:
-    def __init__(self, kube: AsyncKube, *, posters: int = POSTERS, queued: int = QUEUED) -> None:
+    def __init__(self, kube: AsyncKube, *, posters: int = POSTERS, queued: int = QUEUED, share: int = SHARE) -> None:
         self._kube = kube
         self._posters = posters
         self._queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(queued)
+        self._share = share
+        self._waiting: dict[str, int] = {}  # Events queued per namespace
         self._workers: list[asyncio.Task[None]] = []
         self.dropped = 0
 
@@ -73,16 +78,25 @@ class Recorder:
         """An Event on any object, by reference (a tenant's VirtualMachine, say)."""
         if not self._workers:  # started with the first Event, inside the running loop
             self._workers = [asyncio.create_task(self._poster()) for _ in range(self._posters)]
+        namespace = str(involved.get("namespace") or "")
         try:
+            if self._waiting.get(namespace, 0) >= self._share:
+                raise asyncio.QueueFull
             self._queue.put_nowait(event_body(involved, reason, message))
+            self._waiting[namespace] = self._waiting.get(namespace, 0) + 1
         except asyncio.QueueFull:
             self.dropped += 1
             if self.dropped == 1 or self.dropped % 1000 == 0:
-                log.warning("event.dropped", reason=reason, name=involved.get("name"), dropped=self.dropped)
+                name = involved.get("name")
+                log.warning("event.dropped", reason=reason, namespace=namespace, name=name, dropped=self.dropped)
 
     async def _poster(self) -> None:
         while True:
             body = await self._queue.get()
+            namespace = str(body["involvedObject"].get("namespace") or "")
+            self._waiting[namespace] -= 1
+            if not self._waiting[namespace]:
+                del self._waiting[namespace]
             try:
                 await self._kube.create(kinds.kind("Event"), body)
             except ApiError as e:
