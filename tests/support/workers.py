@@ -37,6 +37,30 @@ async def run_until(
         await asyncio.gather(task, return_exceptions=True)
 
 
+async def until(holds: Callable[[], bool], within: float = 1.5) -> bool:
+    """Whether `holds()` comes true within `within` seconds, looking every 10 ms, while other tasks run."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not holds():
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
+
+
+def beside(worker: Callable[[], Coroutine[Any, Any, None]], scenario: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    """Run `scenario()` with the worker's loop running beside it, in one event loop; the scenario's result."""
+
+    async def both() -> Any:
+        task = asyncio.create_task(worker())
+        try:
+            return await scenario()
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    return asyncio.run(both())
+
+
 def recorder(kube: MemKube) -> Recorder:
     return Recorder(cast(AsyncKube, kube))
 

@@ -21,7 +21,8 @@ from cozygpu.runtime.workers.binder import Binder
 from cozygpu.runtime.workers.mover import PLANS
 from tests.support.memkube import MemKube
 from tests.support.views import A10, EPOCH, device, gpu_class, node, request
-from tests.support.workers import SHORT, recorder
+from tests.support.workers import SHORT, beside, recorder
+from tests.support.workers import until as _until
 from tests.support.writing import seen_with_status as _seen
 from tests.support.writing import writer
 
@@ -72,27 +73,9 @@ def _held(kube: MemKube) -> dict[str, int]:
     return held
 
 
-async def _until(holds: Any, within: float = 1.5) -> bool:
-    deadline = asyncio.get_running_loop().time() + within
-    while not holds():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
-
-
 def _running(binder: Binder, scenario: Any) -> Any:
     """Run `scenario()` with the binder's loop running beside it, in one event loop."""
-
-    async def both() -> Any:
-        task = asyncio.create_task(binder.run())
-        try:
-            return await scenario()
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    return asyncio.run(both())
+    return beside(binder.run, scenario)
 
 
 def test_a_move_whose_outcome_is_unknown_frees_nothing_on_the_node_it_was_leaving() -> None:

@@ -9,7 +9,6 @@ Through the binder, the one writer and the in-memory API, on the real monotonic 
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from cozygpu.api import kinds
@@ -17,7 +16,8 @@ from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.binder import Binder
 from tests.support.memkube import MemKube
 from tests.support.views import A10, EPOCH, device, gpu_class, node
-from tests.support.workers import recorder
+from tests.support.workers import beside, recorder
+from tests.support.workers import until as _until
 from tests.support.writing import seen_with_status as _seen
 from tests.support.writing import writer
 
@@ -52,25 +52,8 @@ def _attached(vmi: str) -> Body:
     return {"attachedTo": {"vmi": vmi, "uid": f"u-{vmi}", "since": EPOCH.isoformat()}}
 
 
-async def _until(holds: Any, within: float) -> bool:
-    deadline = asyncio.get_running_loop().time() + within
-    while not holds():
-        if asyncio.get_running_loop().time() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
-
-
 def _running(binder: Binder, scenario: Any) -> Any:
-    async def both() -> Any:
-        task = asyncio.create_task(binder.run())
-        try:
-            return await scenario()
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-
-    return asyncio.run(both())
+    return beside(binder.run, scenario)
 
 
 def _units(kube: MemKube) -> dict[str, int]:
