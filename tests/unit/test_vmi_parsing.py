@@ -79,3 +79,12 @@ def test_a_label_taken_off_after_admission_keeps_what_the_vmi_named(parses: list
     view.apply(kinds.VMI, _vmi([{"device": "d"}], 1))
     view.apply(kinds.VMI, _vmi([{"device": "other"}], 2, labelled=False))
     assert view.cluster.names_device("t1", "vm", "d") and not view.cluster.names_device("t1", "vm", "other")
+
+
+def test_another_vmi_object_of_the_name_unlabelled_names_nothing_of_the_first(parses: list[str]) -> None:
+    """A delete and a re-create of the name that a watch gap hid reach the view as one change of uid: the new,
+    unlabelled object went through no admission of ours and names nothing, whatever the first one named."""
+    view = View(cluster())
+    view.apply(kinds.VMI, _vmi([{"device": "d"}], 1))
+    view.apply(kinds.VMI, _vmi([{"device": "d"}], 2, labelled=False, uid="u2"))
+    assert not view.cluster.names_device("t1", "vm", "d") and parses == ["vm"]

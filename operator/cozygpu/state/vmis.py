@@ -27,9 +27,9 @@ class Vmis:
         # And the devices each names (§14.2): a device a losing create of the name attached is not the VMI's.
         self._names: dict[VmiKey, frozenset[str]] = {}
         self._all_uids: set[str] = set()
-        # The hash of the devices annotation last read of each labelled VMI (a process's own seed: no tenant can
-        # make another text hash alike on purpose).
-        self._read: dict[VmiKey, int] = {}
+        # Of each labelled VMI, the object (uid) whose devices annotation was last read and the text's hash (a
+        # process's own seed: no tenant can make another text hash alike on purpose).
+        self._read: dict[VmiKey, tuple[str, int]] = {}
         # The VirtualMachine that controls it (name, uid), if one does: its template devices outlive it (§6.6).
         self._vm: dict[VmiKey, tuple[str, str]] = {}
 
@@ -60,15 +60,19 @@ class Vmis:
         """The devices the VMI names, read from its annotation only when it is labelled (no other VMI went through
         our admission) and the annotation's text changed: every replica hears every VMI event, and one tenant
         patching a fat VMI must not cost them a parse each (issue 34 item 2). A label taken off after admission
-        changes nothing the VMI was admitted with."""
+        changes nothing that VMI object was admitted with; another object of the name (a re-create a watch gap
+        hid) is judged on its own."""
         annotations = meta.get("annotations")
         text = annotations.get(ANNOTATION_DEVICES) if isinstance(annotations, dict) else None
         labels = meta.get("labels")
         labelled = isinstance(labels, dict) and labels.get(LABEL_DEVICE_REFERENCE) == TRUE
-        seen = self._read.get(key)
-        if not labelled or seen == hash(text):
+        uid, seen = meta.get("uid", ""), self._read.get(key)
+        if seen is not None and seen[0] == uid and (not labelled or seen[1] == hash(text)):
             return self._names.get(key, frozenset())
-        self._read[key] = hash(text)
+        if not labelled:
+            self._read.pop(key, None)
+            return frozenset()
+        self._read[key] = (uid, hash(text))
         return references.device_names(key[1], annotations)
 
     @writes
