@@ -73,16 +73,24 @@ def without_client(config: dict[str, Any]) -> list[dict[str, Any]]:
                   key=lambda w: w["name"])  # fmt: skip
 
 
-def test_the_no_bypass_policy_is_the_one_the_operator_registers_itself(helm: Path) -> None:
-    """§12.3: the chart's ValidatingAdmissionPolicy and binding equal the code's, with the chart's controller user
-    and exempt namespaces (passed to the operator too); turned off by a value."""
-    docs = render(helm, "--set", "kubevirt.controllerUser=system:serviceaccount:virt:controller")
-    assert (
-        one(docs, "ValidatingAdmissionPolicy")["spec"] == policy.policy("system:serviceaccount:virt:controller")["spec"]
-    )
-    assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"] == policy.binding(NAMESPACE)["spec"]
+def test_the_no_bypass_policies_are_the_ones_the_operator_registers_itself(helm: Path) -> None:
+    """§12.3: the chart's ValidatingAdmissionPolicies and bindings equal the code's, with the chart's controller
+    user, its own mutating configuration as the second's parameter, and exempt namespaces (passed to the operator
+    too); turned off by a value."""
+    user = "system:serviceaccount:virt:controller"
+    docs = render(helm, "--set", f"kubevirt.controllerUser={user}")
+    policies = {policy.NAME: policy.policy(user), policy.WEBHOOKS_NAME: policy.webhooks_policy()}
+    for name, built in policies.items():
+        assert one(docs, "ValidatingAdmissionPolicy", name)["spec"] == built["spec"]
+    mutating = one(docs, "MutatingWebhookConfiguration")["metadata"]["name"]
     exempt = render(helm, "--set", "noBypassPolicy.exemptNamespaces={lab,ci}")
-    assert one(exempt, "ValidatingAdmissionPolicyBinding")["spec"] == policy.binding(NAMESPACE, ["ci", "lab"])["spec"]
+    for rendered, namespaces in ((docs, []), (exempt, ["ci", "lab"])):
+        bindings = {
+            policy.NAME: policy.binding(NAMESPACE, namespaces),
+            policy.WEBHOOKS_NAME: policy.webhooks_binding(mutating, namespaces),
+        }
+        for name, built in bindings.items():
+            assert one(rendered, "ValidatingAdmissionPolicyBinding", name)["spec"] == built["spec"]
     [container] = one(exempt, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert {"name": "COZYGPU_EXEMPT_NAMESPACES", "value": "lab,ci"} in container["env"]
     off = render(helm, "--set", "noBypassPolicy.enabled=false")

@@ -102,6 +102,7 @@ def test_the_notes_say_what_was_installed_how_to_check_it_and_where_the_docs_are
         "GPUClass, GPUDevice, GPUNode and GPUBudget",
         f"Secret\n  {RELEASE}-webhook-tls",
         "ValidatingAdmissionPolicy cozy-gpu-operator-no-bypass",
+        "cozy-gpu-operator-needs-its-webhooks: no VMI with device references starts while the mutating webhook",
         "cozy-gpu-tenant-edit and cozy-gpu-tenant-view",
         f"PodDisruptionBudget {RELEASE}",
         f"NetworkPolicy {RELEASE}: the webhook port admits only the API server's addresses",

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.api.names import ANNOTATION_ADMITTED
+from cozygpu.api.names import ANNOTATION_ADMITTED, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
@@ -17,7 +17,7 @@ from cozygpu.kube.adapter import ApiError, Body, Forbidden, Kube
 from cozygpu.runtime.admission import policy, webhooks
 from tests.support.bodies import gpu_class_body, gpu_device_body, vmi_body
 from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu
-from tests.support.operators import start_admitting_operator
+from tests.support.operators import start_admitting_operator, unregister_webhooks
 
 
 def unlabelled_vmi(name: str, namespace: str, devices: dict[str, Any] | None = None, **domain: Any) -> Body:
@@ -120,10 +120,53 @@ def test_dev_mode_leaves_the_policy_so_a_labelled_vmi_is_refused_while_no_operat
         process.stop()
     assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME) is None
     assert kube.get_or_none(kinds.POLICY_BINDING, policy.NAME) is not None
+    # Refused by the policy that needs the mutating configuration (the API server says its parameter is missing).
     message = refused(kube, kinds.VMI, vmi_body("unserved", namespace, [{"device": "held"}]))
-    assert "VMI unserved references GPUDevices but the VMI webhook of the GPU operator did not admit it" in message
-    # A mark a tenant writes itself is no way round: the webhook overwrites it while it serves, and while it does
-    # not the VMI gets no GPU entries (its launcher asks for none), so there is nothing to take (docs/security.md).
+    assert f"ValidatingAdmissionPolicy '{policy.WEBHOOKS_NAME}'" in message and "no params found" in message
+
+
+def forged(name: str, namespace: str, resource: str) -> Body:
+    """A labelled VMI with the webhook's mark written by its creator, and a GPU entry of its own."""
+    gpus = [{"name": "mine", "deviceName": resource}]
+    domain = {"devices": {"gpus": gpus}, "resources": {"requests": {"memory": "1Gi"}}}
+    body = vmi_body(name, namespace, [{"device": "held"}], domain=domain)
+    body["metadata"]["annotations"][ANNOTATION_ADMITTED] = "true"
+    return body
+
+
+def test_a_forged_mark_gets_no_gpu_while_the_webhook_cannot_run(
+    operator_kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, tmp_path: Path
+) -> None:
+    """Issue 34 item 4, §12.3: with the mutating configuration gone, or its VMI webhook set to Ignore while no
+    operator answers, a labelled VMI carrying the mark and a GPU entry of its own (which nothing would pin or count)
+    is refused, and so is a launcher pod of a labelled VMI. Before, the mark let both through."""
+    process = start_admitting_operator(operator_kubeconfig, tmp_path)
+    process.stop()  # dev mode takes its configurations away and leaves the policies
+    try:
+        assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME) is None
+        missing = f"ValidatingAdmissionPolicy '{policy.WEBHOOKS_NAME}'"
+        assert missing in refused(kube, kinds.VMI, forged("forged", namespace, gpu.resource))
+        launcher = pod("virt-launcher-forged", namespace, "example.com/fpga", {"kubevirt.io": "virt-launcher"})
+        launcher["metadata"]["labels"][LABEL_DEVICE_REFERENCE] = "true"
+        assert missing in refused(kube, kinds.POD, launcher)
+        (tmp_path / "again").mkdir()
+        process = start_admitting_operator(operator_kubeconfig, tmp_path / "again")
+        process.kill()  # its configuration stays, and no one answers it
+        mutating = kube.get(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME)
+        for webhook in mutating["webhooks"]:
+            webhook["failurePolicy"] = "Ignore"
+        kube.replace(kinds.MUTATING_WEBHOOKS, mutating)
+        message = refused(kube, kinds.VMI, forged("ignored", namespace, gpu.resource))
+        assert "VMI ignored references GPUDevices, and the mutating webhook configuration of the GPU" in message
+        assert "(it is missing, or its webhook was removed or set to Ignore)" in message
+        launcher["metadata"]["name"] = "virt-launcher-ignored"
+        assert "Pod virt-launcher-ignored, a launcher of a VMI that references GPUDevices" in refused(
+            kube, kinds.POD, launcher
+        )
+        assert kube.get_or_none(kinds.VMI, "ignored", namespace) is None
+    finally:
+        process.kill()
+        unregister_webhooks(kube)
 
 
 def test_an_api_server_restart_refuses_nothing_the_guard_allows(

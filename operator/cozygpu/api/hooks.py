@@ -13,6 +13,7 @@ from typing import Any
 
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
+from cozygpu.api.names import GROUP
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,11 @@ class Hook:
     kind: Kind
     operations: tuple[str, ...]
     mutating: bool
+
+    @property
+    def webhook(self) -> str:
+        """The name of its entry in a webhook configuration (the no-bypass policy looks for it there, §12.3)."""
+        return f"{self.id}.{GROUP}"
 
     def rule(self) -> dict[str, Any]:
         """The admissionregistration rule that sends this hook's reviews (a webhook's or a policy's)."""

@@ -15,8 +15,15 @@ unless KubeVirt's controller renders it as a launcher (whose units and node the 
 then checks, §12.2), and an update of such a pod that changes its `kubevirt.io` label or its
 controller reference, which tell whose guest it runs (§6.7, issue 34 item 1). Namespaces are
 exempt only by name, from the operator's settings (the chart's list), never by a label a
-tenant's admin could set. The builders return objects; `cozygpu run --dev` registers them
-(runtime.process.app) and the chart ships the same.
+tenant's admin could set.
+
+The VMI webhook's mark is an annotation whoever creates the VMI can write, so it cannot tell
+alone whether the webhook ran. A second policy (`webhooks_policy`) takes the mutating webhook
+configuration itself as its parameter (a built-in kind: it always resolves): while it is missing,
+or no longer sends labelled VMIs and their launchers to us failing closed, those are refused, so a
+forged mark and GPU entries of a VMI's own get nothing (issue 34 item 4). The builders return
+objects; `cozygpu run --dev` registers them (runtime.admission.registration) and the chart ships
+the same.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from typing import Any
 import yaml
 
 from cozygpu.api import hooks
-from cozygpu.api.names import ANNOTATION_ADMITTED, ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
+from cozygpu.api.names import ANNOTATION_ADMITTED, ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, LAUNCHER, TRUE
 
 NAME = "cozy-gpu-operator-no-bypass"
 # The parameter: a ConfigMap in the operator's namespace that it keeps (runtime.admission.guard).
@@ -153,6 +160,77 @@ def policy(controller_user: str) -> dict[str, Any]:
     }
 
 
+# The second policy's name and its binding's: what it guards is that the operator's webhooks are asked at all.
+WEBHOOKS_NAME = "cozy-gpu-operator-needs-its-webhooks"
+
+
+def _serves(hook: hooks.Hook) -> str:
+    """CEL: the parameter (a MutatingWebhookConfiguration) still sends `hook`'s reviews to its webhook, and fails
+    closed when it cannot be reached."""
+    kind = hook.kind.plural
+    covers = (
+        f"w.rules.exists(r, ('{kind}' in r.resources || '*' in r.resources) && "
+        "('CREATE' in r.operations || '*' in r.operations))"
+    )
+    return f"params.webhooks.exists(w, w.name == '{hook.webhook}' && w.failurePolicy == 'Fail' && {covers})"
+
+
+def webhooks_policy() -> dict[str, Any]:
+    """§12.3, issue 34 item 4: a labelled VMI, or a launcher pod of one (KubeVirt copies the VMI's labels), only
+    while the mutating configuration that sends it to the operator's webhook is in place. The mark alone would not
+    do: the VMI's creator can write it, with GPU entries of its own, and nothing would pin or cap them."""
+    launcher = f"has(object.metadata.labels) && object.metadata.labels[?'kubevirt.io'].orValue('') == '{LAUNCHER}'"
+    refusal = (
+        "' references GPUDevices, and the mutating webhook configuration of the GPU operator does not send it to "
+        "the operator failing closed (it is missing, or its webhook was removed or set to Ignore): nothing would "
+        "check, pin or count its GPUs, so it is refused; restore the configuration (the chart installs it)'"
+    )
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": WEBHOOKS_NAME},
+        "spec": {
+            "failurePolicy": "Fail",
+            "paramKind": {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration"},
+            "matchConstraints": {
+                "resourceRules": [hooks.VMI.rule(), hooks.POD.rule()],
+                # KubeVirt copies a VMI's labels to its launcher pods.
+                "objectSelector": {"matchLabels": {LABEL_DEVICE_REFERENCE: TRUE}},
+            },
+            "variables": [{"name": "isVMI", "expression": f"request.resource.resource == '{hooks.VMI.kind.plural}'"}],
+            "validations": [
+                {
+                    "expression": f"!variables.isVMI || {_serves(hooks.VMI)}",
+                    "messageExpression": f"'VMI ' + object.metadata.name + {refusal}",
+                    "reason": "Forbidden",
+                },
+                {
+                    "expression": f"variables.isVMI || !({launcher}) || {_serves(hooks.POD)}",
+                    "messageExpression": "'Pod ' + (has(object.metadata.name) ? object.metadata.name : "
+                    f"object.metadata.generateName) + ', a launcher of a VMI that' + {refusal}",
+                    "reason": "Forbidden",
+                },
+            ],
+        },
+    }
+
+
+def webhooks_binding(configuration: str, exempt: Sequence[str] = ()) -> dict[str, Any]:
+    """The binding to the mutating configuration of the name (`webhooks.MUTATING_NAME` in dev mode, the chart's
+    own in a cluster); while none exists the policy refuses (parameterNotFoundAction Deny)."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": WEBHOOKS_NAME},
+        "spec": {
+            "policyName": WEBHOOKS_NAME,
+            "paramRef": {"name": configuration, "parameterNotFoundAction": "Deny"},
+            "validationActions": ["Deny"],
+            "matchResources": exempting(exempt),
+        },
+    }
+
+
 # Set by the API server from the namespace's name, which no one can change: an exemption nobody can grant
 # themselves by labelling a namespace.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
@@ -188,7 +266,8 @@ CHART_FILE = "no-bypass-policy.yaml"
 
 
 def chart_file() -> str:
-    """The policy as the chart's files/ hold it (`make chart-files` writes it); the chart's template renders the
-    binding, whose exempt namespaces are a value (a test holds it to `binding`)."""
+    """The policies as the chart's files/ hold them (`make chart-files` writes it); the chart's template renders the
+    bindings, whose exempt namespaces are a value (a test holds them to `binding` and `webhooks_binding`)."""
     header = "# Generated from cozygpu.runtime.admission.policy by `make chart-files`; a test fails on drift.\n"
-    return header + yaml.safe_dump(policy(CHART_USER), sort_keys=False, width=1000)
+    documents = [policy(CHART_USER), webhooks_policy()]
+    return header + yaml.safe_dump_all(documents, sort_keys=False, width=1000)

@@ -3,7 +3,7 @@
 Called by the Operator: `serve`, on every replica, waits until kopf's webhook server
 accepts connections and reports the webhooks ready; `register`, on the Lease holder in dev
 mode, registers what `webhooks` and `policy` build at its own address; `unregister` removes
-the webhook configurations it registered on exit and leaves the no-bypass policy, so that
+the webhook configurations it registered on exit and leaves the no-bypass policies, so that
 while no operator serves, a labelled VMI is refused rather than admitted without its GPUs
 (§12.3). In a cluster the chart installs them and only the wait is done here.
 """
@@ -62,15 +62,20 @@ class Registration:
             kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
             await self._kube.put_object(kind, config)
         try:
-            await self._kube.put_object(kinds.POLICY, policy.policy(self._settings.kubevirt_controller_user))
-            binding = policy.binding(self._namespace, self._settings.exempt_namespaces)
-            await self._kube.put_object(kinds.POLICY_BINDING, binding)
+            exempt = self._settings.exempt_namespaces
+            # The configurations are in place: the second policy, bound to the mutating one, refuses nothing here.
+            for built, bound in (
+                (policy.policy(self._settings.kubevirt_controller_user), policy.binding(self._namespace, exempt)),
+                (policy.webhooks_policy(), policy.webhooks_binding(webhooks.MUTATING_NAME, exempt)),
+            ):
+                await self._kube.put_object(kinds.POLICY, built)
+                await self._kube.put_object(kinds.POLICY_BINDING, bound)
         except (Forbidden, Invalid) as e:
             # A restricted identity (--as-given) may not register a policy whose parameter it cannot read; the
             # webhooks serve without it, and the log says so.
             log.warning("policy.unregistered", error=e.message)
         self.registered = True
-        log.info("webhooks.registered", url=self.serving.url, policy=policy.NAME)
+        log.info("webhooks.registered", url=self.serving.url, policies=[policy.NAME, policy.WEBHOOKS_NAME])
 
     async def unregister(self) -> None:
         """On exit, what this replica registered (dev mode): another replica's registration is left alone."""

@@ -28,7 +28,6 @@ import structlog
 from cozygpu import tls
 from cozygpu.api import hooks
 from cozygpu.api.names import (
-    GROUP,
     KUBEVIRT_DEVICES,
     LABEL_DEVICE_REFERENCE,
     LABEL_KUBEVIRT,
@@ -270,7 +269,7 @@ def configurations(
         "metadata": {"name": MUTATING_NAME},
         "webhooks": [
             {
-                "name": f"vmi.{GROUP}",
+                "name": hooks.VMI.webhook,
                 "clientConfig": _client(url, VMI_HOOK, ca_bundle),
                 "rules": [_rule(hooks.VMI)],
                 # Only VMIs with device references wait on the operator (§10).
@@ -282,7 +281,7 @@ def configurations(
             },
             {
                 # §12.2: the pin that holds is on the pod, which KubeVirt cannot rewrite once created.
-                "name": f"pod.{GROUP}",
+                "name": hooks.POD.webhook,
                 "clientConfig": _client(url, POD_HOOK, ca_bundle),
                 "rules": [_rule(hooks.POD)],
                 "objectSelector": {"matchLabels": dict(LAUNCHER_SELECTOR)},
@@ -300,7 +299,7 @@ def configurations(
         "metadata": {"name": CONFIGURATION_NAME},
         "webhooks": [
             {
-                "name": f"{hook.id}.{GROUP}",
+                "name": hook.webhook,
                 "clientConfig": _client(url, hook.id, ca_bundle),
                 "rules": [_rule(hook)],
                 "matchConditions": not_from(operator_user),
