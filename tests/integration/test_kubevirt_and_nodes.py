@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.api.names import ANNOTATION_ADMITTED, LABEL_DEVICE_REFERENCE
+from cozygpu.api.names import LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import binaries, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.kube.adapter import Invalid, Kube
@@ -16,32 +16,31 @@ from tests.support.bodies import A10
 from tests.support.nodes import GPUNodeFactory
 
 pytestmark = pytest.mark.integration
+UNMANAGED = "example.com/schema-only-gpu"  # no GPUClass names it
 
 
 def vmi_body(name: str, namespace: str, gpus: list[dict[str, str]]) -> dict[str, object]:
-    """A labelled VMI carrying `gpus` entries of its own."""
+    """A VMI carrying `gpus` entries of its own, of a resource no GPUClass names: KubeVirt's schema alone, with no
+    operator. (A labelled VMI, or a managed resource, is the no-bypass policies' to refuse while no operator serves,
+    and deleting them would freeze their parameters in the API server: docs/admission.md.)"""
     domain = {"devices": {"gpus": gpus}, "resources": {"requests": {"memory": "1Gi"}}}
     body = bodies.vmi_body(name, namespace, [{"device": "d1"}], domain=domain)
-    # KubeVirt's schema alone, with no operator: the mark its webhook would stamp, or the no-bypass policy a --dev
-    # operator leaves behind refuses the VMI. (Deleting the policy instead would freeze its parameter in the API
-    # server: it no longer sees the operator's updates of it until it restarts; docs/admission.md.)
-    body["metadata"]["annotations"][ANNOTATION_ADMITTED] = "true"
+    del body["metadata"]["labels"][LABEL_DEVICE_REFERENCE]
     return body
 
 
 def test_vmi_with_gpus_entries_is_stored_with_kubevirts_schema(kube: Kube, namespace: str) -> None:
     """A VMI carrying spec.domain.devices.gpus entries is accepted and kept as written."""
-    gpus = [{"name": "gpudev0-0", "deviceName": A10}, {"name": "gpudev0-1", "deviceName": A10}]
+    gpus = [{"name": "gpudev0-0", "deviceName": UNMANAGED}, {"name": "gpudev0-1", "deviceName": UNMANAGED}]
     kube.create(kinds.VMI, vmi_body("vm1", namespace, gpus))
     stored = kube.get(kinds.VMI, "vm1", namespace)
     assert stored["spec"]["domain"]["devices"]["gpus"] == gpus
-    assert stored["metadata"]["labels"][LABEL_DEVICE_REFERENCE] == "true"
 
 
 def test_vmi_schema_is_enforced(kube: Kube, namespace: str) -> None:
     """The KubeVirt schema is live: a gpus entry without a name is refused."""
     with pytest.raises(Invalid, match="name"):
-        kube.create(kinds.VMI, vmi_body("vm2", namespace, [{"deviceName": A10}]))
+        kube.create(kinds.VMI, vmi_body("vm2", namespace, [{"deviceName": UNMANAGED}]))
 
 
 def test_gpu_node_has_allocatable_gpus_labels_taints_and_ready(kube: Kube, gpu_node: GPUNodeFactory) -> None:

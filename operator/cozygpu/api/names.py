@@ -30,6 +30,9 @@ ANNOTATION_DEVICES = f"{GROUP}/devices"
 # Stamped by the VMI webhook on every labelled VMI it admits; the no-bypass policy refuses a labelled VMI without
 # it, so a missing or deleted mutating configuration fails closed (§12.3).
 ANNOTATION_ADMITTED = f"{GROUP}/admitted"
+# On the operator's MutatingWebhookConfiguration (the chart's and `--dev`'s): the second no-bypass policy selects
+# it as its parameter by this label, and refuses labelled VMIs while none is found (§12.3, issue 34 item 4).
+LABEL_WEBHOOKS = f"{GROUP}/webhooks"
 
 # On GPUDevices (§1.2).
 LABEL_TEMPLATE_DEVICE = f"{GROUP}/template-device"

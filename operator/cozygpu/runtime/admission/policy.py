@@ -19,7 +19,8 @@ tenant's admin could set.
 
 The VMI webhook's mark is an annotation whoever creates the VMI can write, so it cannot tell
 alone whether the webhook ran. A second policy (`webhooks_policy`) takes the mutating webhook
-configuration itself as its parameter (a built-in kind: it always resolves): while it is missing,
+configuration itself as its parameter (a built-in kind: it always resolves; found by its label):
+while it is missing,
 or no longer sends labelled VMIs and their launchers to us failing closed, those are refused, so a
 forged mark and GPU entries of a VMI's own get nothing (issue 34 item 4). The builders return
 objects; `cozygpu run --dev` registers them (runtime.admission.registration) and the chart ships
@@ -35,7 +36,14 @@ from typing import Any
 import yaml
 
 from cozygpu.api import hooks
-from cozygpu.api.names import ANNOTATION_ADMITTED, ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, LAUNCHER, TRUE
+from cozygpu.api.names import (
+    ANNOTATION_ADMITTED,
+    ANNOTATION_DEVICES,
+    LABEL_DEVICE_REFERENCE,
+    LABEL_WEBHOOKS,
+    LAUNCHER,
+    TRUE,
+)
 
 NAME = "cozy-gpu-operator-no-bypass"
 # The parameter: a ConfigMap in the operator's namespace that it keeps (runtime.admission.guard).
@@ -215,16 +223,17 @@ def webhooks_policy() -> dict[str, Any]:
     }
 
 
-def webhooks_binding(configuration: str, exempt: Sequence[str] = ()) -> dict[str, Any]:
-    """The binding to the mutating configuration of the name (`webhooks.MUTATING_NAME` in dev mode, the chart's
-    own in a cluster); while none exists the policy refuses (parameterNotFoundAction Deny)."""
+def webhooks_binding(exempt: Sequence[str] = ()) -> dict[str, Any]:
+    """The binding to the operator's mutating configurations, by their label (the chart's and `--dev`'s carry it,
+    so either satisfies a policy the other left, and each found must pass); while none exists the policy refuses
+    (parameterNotFoundAction Deny). Only cluster admins write webhook configurations."""
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
         "metadata": {"name": WEBHOOKS_NAME},
         "spec": {
             "policyName": WEBHOOKS_NAME,
-            "paramRef": {"name": configuration, "parameterNotFoundAction": "Deny"},
+            "paramRef": {"selector": {"matchLabels": {LABEL_WEBHOOKS: TRUE}}, "parameterNotFoundAction": "Deny"},
             "validationActions": ["Deny"],
             "matchResources": exempting(exempt),
         },

@@ -66,7 +66,7 @@ class Registration:
             # The configurations are in place: the second policy, bound to the mutating one, refuses nothing here.
             for built, bound in (
                 (policy.policy(self._settings.kubevirt_controller_user), policy.binding(self._namespace, exempt)),
-                (policy.webhooks_policy(), policy.webhooks_binding(webhooks.MUTATING_NAME, exempt)),
+                (policy.webhooks_policy(), policy.webhooks_binding(exempt)),
             ):
                 await self._kube.put_object(kinds.POLICY, built)
                 await self._kube.put_object(kinds.POLICY_BINDING, bound)

@@ -31,6 +31,7 @@ from cozygpu.api.names import (
     KUBEVIRT_DEVICES,
     LABEL_DEVICE_REFERENCE,
     LABEL_KUBEVIRT,
+    LABEL_WEBHOOKS,
     LAUNCHER,
     TRUE,
 )
@@ -266,7 +267,8 @@ def configurations(
     mutating = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": MUTATING_NAME},
+        # The label: the no-bypass policy finds it by it (runtime.admission.policy.webhooks_binding).
+        "metadata": {"name": MUTATING_NAME, "labels": {LABEL_WEBHOOKS: TRUE}},
         "webhooks": [
             {
                 "name": hooks.VMI.webhook,
