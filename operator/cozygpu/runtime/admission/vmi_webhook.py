@@ -26,7 +26,7 @@ from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions import admission, attach, budgets, lifecycle
 from cozygpu.decisions.admission import Member
 from cozygpu.kube.adapter import ApiError
-from cozygpu.runtime.admission.calls import gather_bounded, gather_outcomes
+from cozygpu.runtime.admission.calls import Turns, gather_bounded, gather_outcomes
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.events import Recorder
@@ -71,6 +71,7 @@ class VMIAdmission:
         budgets_required: bool = False,
         events: Recorder | None = None,
         calls_in_flight: int = 4,
+        turns: Turns | None = None,
     ) -> None:
         self._cluster = cluster
         self._waiters = waiters
@@ -80,6 +81,7 @@ class VMIAdmission:
         # API calls one admission has in flight at once: a VMI with many devices must not fill the shared
         # pool and queue every other tenant's calls behind its own (issue 12 item 2).
         self._calls_in_flight = calls_in_flight
+        self._turns = turns or Turns(max_per_namespace * calls_in_flight)  # every call in a turn (issue 34 item 6)
         self._writer = writer  # its writes' responses go into the view, which wakes the binder
         # Admissions under way per namespace (§14.3): one tenant cannot hold every API call and bind.
         self._max_per_namespace = max_per_namespace
@@ -171,10 +173,10 @@ class VMIAdmission:
     async def _get(self, namespace: str, name: str) -> GPUDevice | None:
         return _device((await self._read(kinds.GPU_DEVICE, namespace, name)).body)
 
-    async def _read(self, kind: kinds.Kind, namespace: str, name: str) -> Outcome:
+    async def _read(self, kind: kinds.Kind, namespace: str, name: str, tenant: str | None = None) -> Outcome:
         """A fresh read through the writer, so what it finds reaches the view too (issue 20 item 4)."""
         try:
-            return await self._writer.read(kind, name, namespace)
+            return await self._turns.call(tenant or namespace, self._writer.read, kind, name, namespace)
         except ApiError as e:
             raise InternalError(f"reading {kind.kind} {namespace}/{name}: {e.message}") from None
 
@@ -186,7 +188,7 @@ class VMIAdmission:
         # §9: a class created a moment before (one manifest) may not be in the view yet; read it fresh, not refuse.
         unseen = sorted({r.class_name for r in refs if isinstance(r, TemplateRef)} - set(self._cluster.classes))
         reads = [self._read(kinds.VMI, namespace, vmi), *(self._read(kinds.GPU_DEVICE, namespace, n) for n in names)]
-        reads += [self._read(kinds.GPU_CLASS, "", c) for c in unseen]
+        reads += [self._read(kinds.GPU_CLASS, "", c, namespace) for c in unseen]
         outcomes = await gather_outcomes(reads, self._calls_in_flight)
         if isinstance(outcomes[0], Outcome) and outcomes[0].body is not None:
             # §14.2: the API server answers AlreadyExists only after admission; whatever this call wrote would
@@ -251,7 +253,9 @@ class VMIAdmission:
         async def create(m: Member) -> Member:
             if not m.create:
                 return m
-            outcome = await self._writer.create(kinds.GPU_DEVICE, m.device.wire())
+            outcome = await self._turns.call(
+                m.device.namespace or "", self._writer.create, kinds.GPU_DEVICE, m.device.wire()
+            )
             if not outcome.written or outcome.body is None:  # the name is taken (or was, a moment ago)
                 raise Refusal(f"GPUDevice {m.device.name} was created by another admission at the same time")
             created = GPUDevice.from_wire(outcome.body)
@@ -272,7 +276,9 @@ class VMIAdmission:
             earlier = attach.earlier_vmi(current)  # only then is the API asked: the view may lag a restart
             gone = earlier is not None and not await self._vmi_exists(namespace, vmi, earlier)
             step = attach.requested(current, vmi, request, utcnow(), earlier_gone=gone)
-            outcome = await self._writer.replace_status(kinds.GPU_DEVICE, step.device.wire())
+            outcome = await self._turns.call(
+                namespace, self._writer.replace_status, kinds.GPU_DEVICE, step.device.wire()
+            )
             if not outcome.written:  # someone wrote first: decide again on what they wrote
                 current = _device(outcome.body)
                 continue
@@ -282,13 +288,10 @@ class VMIAdmission:
             return
         raise Refusal(f"GPUDevice {device.name} kept changing while being attached; KubeVirt retries the start")
 
-    async def _read_vmi(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """The VMI of this name fresh from the API: the view may not have heard of its creation, or of its
-        deletion (a restart creates the name again at once)."""
-        return (await self._read(kinds.VMI, namespace, name)).body
-
     async def _vmi_exists(self, namespace: str, name: str, uid: str) -> bool:
-        body = await self._read_vmi(namespace, name)
+        """Whether the VMI object of `uid` still has the name, read fresh: the view may not have heard of its
+        deletion (a restart creates the name again at once)."""
+        body = (await self._read(kinds.VMI, namespace, name)).body
         return body is not None and body.get("metadata", {}).get("uid") == uid
 
     async def _wait(self, namespace: str, request: BindRequest) -> list[GPUDevice] | None:
@@ -336,7 +339,9 @@ class VMIAdmission:
             if attach.taken_over(current, request_id):
                 log.info("vmi.undo.left", device=created.name, request_id=request_id)
                 return
-            outcome = await self._writer.delete(
+            outcome = await self._turns.call(
+                namespace,
+                self._writer.delete,
                 kinds.GPU_DEVICE,
                 created.name,
                 namespace,
@@ -364,7 +369,7 @@ class VMIAdmission:
                 return
             kept = lifecycle.protected(current.metadata.finalizers, protect=False)
             dropped = current.model_copy(update={"metadata": current.metadata.model_copy(update={"finalizers": kept})})
-            outcome = await self._writer.replace(kinds.GPU_DEVICE, dropped.wire())
+            outcome = await self._turns.call(namespace, self._writer.replace, kinds.GPU_DEVICE, dropped.wire())
             if outcome.written:
                 return
             current = _device(outcome.body)  # someone wrote first: the writer's fresh read
@@ -377,7 +382,7 @@ class VMIAdmission:
             undone = attach.undone(current, vmi, request_id, attached_by_us)
             if undone is None:
                 return
-            outcome = await self._writer.replace_status(kinds.GPU_DEVICE, undone.wire())
+            outcome = await self._turns.call(namespace, self._writer.replace_status, kinds.GPU_DEVICE, undone.wire())
             if not outcome.written:  # someone wrote first: decide again on the writer's fresh read
                 current = _device(outcome.body)
                 continue

@@ -30,6 +30,7 @@ from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.kube import credentials
 from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
 from cozygpu.runtime.admission import webhooks
+from cozygpu.runtime.admission.calls import Turns
 from cozygpu.runtime.admission.gate import Gate
 from cozygpu.runtime.admission.guard import ManagedResources
 from cozygpu.runtime.admission.pod_webhook import LauncherAdmission
@@ -109,6 +110,8 @@ class Operator:
             writer=self.writer,
             events=self.events,
             calls_in_flight=max(2, connections // 8),
+            # Admissions take their API calls in turns by namespace, leaving a quarter of the pool to the workers.
+            turns=Turns(max(1, connections * 3 // 4)),
         )
         self.validation = Validation(
             self.cluster,
