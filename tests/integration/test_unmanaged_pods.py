@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.devcluster.harness import OperatorProcess, logged, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
 from cozygpu.runtime.admission import policy
 from tests.support.bodies import gpu_device_body
@@ -94,7 +94,9 @@ def test_a_pod_that_predates_the_guard_shows_on_its_node_and_takes_no_held_units
             st = kube.get(kinds.GPU_DEVICE, "pair", namespace).get("status") or {}
             return st.get("message") if st.get("phase") == "Pending" else None
 
-        assert f"has 1 free of {gpu.resource}, needs 2" in wait_for("the pair waiting", waiting)
+        assert f"no node has 2 free units of {gpu.resource}" in wait_for("the pair waiting", waiting)
+        why = f"node {node} has 1 free of {gpu.resource}, needs 2"
+        assert logged(process, "device.waiting", lambda e: e.get("device") == "pair" and why in (e.get("detail") or ""))
         end(kube, "old-job", namespace)
         wait_for("the unit back", lambda: unmanaged(kube, node, gpu.resource) == (0, []), timeout=20)
         bound = wait_for("the pair Bound", lambda: (kube.get(kinds.GPU_DEVICE, "pair", namespace).get("status")

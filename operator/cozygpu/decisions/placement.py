@@ -2,7 +2,8 @@
 
 `place` is the binder's decision for a bind request and for a waiting device (a set
 of one). It returns a `Placement` or a `NoPlacement` whose message says why, in
-words a tenant can act on.
+words a tenant can act on, and whose detail says why the closest nodes fall short:
+GPUNode data tenants cannot read, for the platform's log alone (issue 34 item 6).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ class Placement:
 
 @dataclass(frozen=True)
 class NoPlacement:
-    message: str
+    message: str  # for the tenant: device status, Events, the VMI's refusal
     full: bool = False  # no node had the units free: idle moves may make room (§5.7)
+    detail: str = ""  # for the platform's log: the closest nodes and their free units
 
 
 def _free_units(n: int) -> str:
@@ -77,12 +79,12 @@ def _evaluate(
     return (len(moves), leftover, node.name), moves
 
 
-def _message(headline: str, shown: list[str], total: int, resources: set[str]) -> str:
-    """The headline, then the closest nodes' reasons and how many more fell short."""
+def _unplaced(headline: str, shown: list[str], total: int, resources: set[str]) -> NoPlacement:
+    """The headline for the tenant; the closest nodes' reasons and how many more fell short for the log."""
     if not total:
-        return headline + " (no node has " + ", ".join(sorted(resources)) + ")"
+        return NoPlacement(headline + " (no node has " + ", ".join(sorted(resources)) + ")", True)
     more = f"; and {total - len(shown)} more nodes" if total > len(shown) else ""
-    return f"{headline} ({'; '.join(shown)}{more})"
+    return NoPlacement(headline, True, "; ".join(shown) + more)
 
 
 def _headline(devices: Sequence[GPUDevice], classes: dict[str, GPUClass]) -> str:
@@ -185,7 +187,7 @@ def _unfit(
             shown.append(f"node {name} has {free_units} free of {resource}, needs {units}")
     for name in index.unserved(cls.name, MAX_NODE_REASONS - len(shown)):
         shown.append(node_serves(cluster, cluster.nodes[name], cls).reason)
-    return NoPlacement(_message(_headline(devices, classes), shown, sum(index.counts(cls.name)), {resource}), True)
+    return _unplaced(_headline(devices, classes), shown, sum(index.counts(cls.name)), {resource})
 
 
 def place_scanning(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlacement:
@@ -206,4 +208,4 @@ def place_scanning(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement 
     if best is not None:
         return Placement(node=best[0][2], moves=best[1])
     shown = [reason for _, _, reason in sorted(misses)[:MAX_NODE_REASONS]]
-    return NoPlacement(_message(_headline(devices, classes), shown, len(misses), resources), True)
+    return _unplaced(_headline(devices, classes), shown, len(misses), resources)

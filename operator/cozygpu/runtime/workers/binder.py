@@ -367,7 +367,9 @@ class Binder:
             self._wake.set()
             return True
         if current.status.phase is None or current.status.message != new.status.message:
-            log.info("device.waiting", namespace=key[0], device=key[1], message=new.status.message)
+            log.info(
+                "device.waiting", namespace=key[0], device=key[1], message=new.status.message, detail=outcome.detail
+            )
         return True
 
     async def _bind(self, before: GPUDevice, bound: GPUDevice, node: str, token: int) -> None:

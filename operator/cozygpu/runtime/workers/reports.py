@@ -52,6 +52,7 @@ def answered(
         node=outcome.node if isinstance(outcome, Placement) else None,
         moved=list(outcome.moves) if isinstance(outcome, Placement) else [],
         message=outcome.message if isinstance(outcome, NoPlacement) else None,
+        detail=outcome.detail if isinstance(outcome, NoPlacement) else None,
         duration_ms=round((time.monotonic() - started) * 1000, 1),
     )
 
