@@ -270,13 +270,13 @@ def own_gpu_entries(vmi: dict[str, Any], desired: Sequence[dict[str, str]], gpu_
     return out
 
 
-def orders(namespace: str, members: Sequence[Member]) -> list[Order]:
-    """§3.9: template devices that do not count against budgets yet, in entry order."""
-    return [
-        Order(namespace, m.cls.name, m.device.spec.count, f"deviceTemplate {m.index}")
+def orders(namespace: str, members: Sequence[Member]) -> dict[str, Order]:
+    """§3.9: template devices that do not count against budgets yet, by device name, in entry order."""
+    return {
+        m.device.name: Order(namespace, m.cls.name, m.device.spec.count, f"deviceTemplate {m.index}")
         for m in members
         if m.template and not m.device.counts_against_budgets
-    ]
+    }
 
 
 def gathered(members: Sequence[Member], node: str) -> list[str]:

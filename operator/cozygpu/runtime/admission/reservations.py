@@ -2,16 +2,19 @@
 
 The GPUDevice webhook checks a held device and reserves it with no await between, recording
 each as a reservation until its watch event arrives (or it expires, when a later webhook
-refused the create). Both the webhook and the binder count reservations as prior
-orders, so no interleaving lets orders together exceed a budget. A create of a name
+refused the create). The VMI webhook holds its template orders the same way from its early
+budget check until their devices are created (`holding`). Both webhooks and the binder count
+reservations as prior orders, so no interleaving lets orders together exceed a budget. A create of a name
 reserved or present is refused before it reserves (§14): a duplicate that the API server
 would turn away after admission never replaces a reservation nor leaves one behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from cozygpu.decisions.budgets import Order
@@ -44,6 +47,17 @@ class Reservations:
         self._items[key] = _Reservation(namespace, name, order, time.monotonic() + self._ttl, uid)
         self._by_name.setdefault((namespace, name), set()).add(key)
         return key
+
+    @contextlib.contextmanager
+    def holding(self, namespace: str, orders: Mapping[str, Order]) -> Iterator[None]:
+        """Reserve orders by device name while the block runs: a VMI's template orders, from the early budget check
+        until their devices are created (each leaves as the view sees it; the rest when the block ends)."""
+        keys = [self.add(namespace, name, order) for name, order in orders.items()]
+        try:
+            yield
+        finally:
+            for key in keys:
+                self.cancel(key)
 
     def cancel(self, key: str) -> None:
         """The admission that reserved under `key` refused after all: its order never counts."""

@@ -150,14 +150,15 @@ class VMIAdmission:
             raise Refusal("the VMI carries GPU entries of its own next to device references: " + ", ".join(own))
         orders = admission.orders(namespace, members)
         refusal = budgets.check_orders(
-            self._cluster, orders, self._reservations.orders(), required=self._budgets_required
+            self._cluster, list(orders.values()), self._reservations.orders(), required=self._budgets_required
         )
         if refusal:
             raise Refusal(refusal)
         if dry_run:
             node = attach.already_placed(members, name, utcnow())
             return admission.pinned(vmi, gpus, node), node
-        node = await self._bind(namespace, name, members)
+        with self._reservations.holding(namespace, orders):  # checked: counted by the next check until created
+            node = await self._bind(namespace, name, members)
         moved = admission.gathered(members, node)
         vm = admission.owner_vm(vmi)
         if moved and vm is not None and self._events is not None:
