@@ -40,6 +40,14 @@ def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
     for i, r in enumerate(RESOURCES):
         view.apply(kinds.GPU_CLASS, {"metadata": {"name": f"c{i}", "resourceVersion": "1"},
                         "spec": {"mode": "passthrough", "resourceName": r}})  # fmt: skip
+    # A second class of the first resource: a set may mix the two (a held device of one, a template of the other).
+    view.apply(
+        kinds.GPU_CLASS,
+        {
+            "metadata": {"name": "c0b", "resourceVersion": "1"},
+            "spec": {"mode": "passthrough", "resourceName": RESOURCES[0]},
+        },
+    )
     for n in range(nodes):
         r = RESOURCES[n % len(RESOURCES)]
         view.apply(kinds.NODE, {
@@ -143,6 +151,12 @@ def main() -> None:
     assert place(c, start) == place_scanning(c, start)
     fast = timed("place a VM start: a held device + a new one", lambda: place(c, start), args.rounds)
     scan = timed("  the same by a scan of every node (before)", lambda: place_scanning(c, start), args.rounds)
+    print(f"  scan / place: {scan / fast:.0f}x")
+    of_c0 = next(d for d in c.devices.values() if d.spec.class_name == "c0" and d.holds_gpus)
+    mixed = [of_c0, GPUDevice.from_wire({**template, "spec": {"className": "c0b", "count": 1}})]
+    assert place(c, mixed) == place_scanning(c, mixed)
+    fast = timed("place a VM start mixing two classes", lambda: place(c, mixed), args.rounds)
+    scan = timed("  the same by a scan of every node (before)", lambda: place_scanning(c, mixed), args.rounds)
     print(f"  scan / place: {scan / fast:.0f}x")
     orders = [Order("t0", "c0", 1, "deviceTemplate 0"), Order("t0", "c0", 2, "deviceTemplate 1")]
     timed("check two orders against budgets", lambda: check_orders(c, orders), args.rounds)

@@ -286,3 +286,38 @@ def test_a_set_with_bound_members_is_placed_where_looking_at_every_node_would(
     c = cluster(nodes=nodes, classes=[gpu_class("a10", nodeSelector={"zone": "x"})], devices=bound + wanted)
     devices = [c.devices[("t1", f"m{j}")] for j in range(len(members))]
     assert place(c, devices) == place_scanning(c, devices)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.booleans(), st.sampled_from(["x", "y"])), min_size=1, max_size=8),
+    st.lists(st.tuples(st.integers(0, 7), st.integers(1, 3)), max_size=10),
+    st.lists(
+        st.tuples(st.integers(0, 7), st.integers(1, 3), st.booleans(), st.sampled_from(["a10", "any"])),
+        min_size=2,
+        max_size=4,
+    ),
+)
+def test_a_set_of_two_classes_with_bound_members_is_placed_where_looking_at_every_node_would(
+    shapes: list[tuple[int, bool, str]],
+    others: list[tuple[int, int]],
+    members: list[tuple[int, int, bool, str]],
+) -> None:
+    """Issue 34 item 5: a set of two classes of one resource (one for zone x, one for any node) with members Bound
+    somewhere goes where the scan over every node would, from the members' nodes and the best-fit order."""
+    nodes = [
+        node(f"n{i}", {A10: size}, unschedulable=cordoned, labels={"zone": zone})
+        for i, (size, cordoned, zone) in enumerate(shapes)
+    ]
+    bound = [
+        device(f"o{j}", count=n, phase="Bound", node_name=f"n{i % len(shapes)}", namespace="other", created=j)
+        for j, (i, n) in enumerate(others)
+    ]
+    wanted = []
+    for j, (i, n, on_node, cls) in enumerate(members):
+        where: dict[str, Any] = {"phase": "Bound", "node_name": f"n{i % len(shapes)}"} if on_node else {}
+        wanted.append(device(f"m{j}", cls, count=n, created=100 + j, **where))
+    classes = [gpu_class("a10", nodeSelector={"zone": "x"}), gpu_class("any")]
+    c = cluster(nodes=nodes, classes=classes, devices=bound + wanted)
+    devices = [c.devices[("t1", f"m{j}")] for j in range(len(members))]
+    assert place(c, devices) == place_scanning(c, devices)

@@ -113,41 +113,53 @@ def classes_of(cluster: Cluster, devices: Sequence[GPUDevice]) -> dict[str, GPUC
 def place(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlacement:
     """§5.2-5.3: the node needing the fewest moves, then the fullest after placing, then by name.
 
-    A set of new devices of one class (every waiting device, most admissions) needs the same moves
-    anywhere, so the best node is the first in the class's best-fit order, and that none fits is
-    known from the same order: O(log n) in nodes either way (§14.3), and the reason names the
-    closest nodes from the view's indexes. A set of one class with Bound members (a VM start with a
-    held device) needs fewer moves only where its members are: those few nodes are judged one by one,
-    and past them the order is the same (`_gather`). Sets of several classes of one resource walk the
-    resource's order; gathers of several classes and sets of several resources look at every node that
-    has the resources (`place_scanning`)."""
+    A set of new devices of one resource (every waiting device, most admissions) needs the same moves
+    anywhere, so the best node is the first in the best-fit order that serves every class of the set:
+    O(log n) in nodes for one class (§14.3), and for one class that none fits is known from the same
+    order, its reason naming the closest nodes from the view's indexes. A set with Bound members (a VM
+    start with a held device) needs fewer moves only where its members are: those few nodes are judged
+    one by one, and past them the order is the same (`_gather`). What the indexes cannot order looks
+    at every node that has the resources (`place_scanning`): sets of several resources, and the
+    reasons why a set of several classes fits nowhere."""
     classes = classes_of(cluster, devices)
     if isinstance(classes, NoPlacement):
         return classes
-    resources = {c.spec.resource_name for c in classes.values()}
-    if len(classes) == 1 and any(d.holds_gpus for d in devices):
+    if len({c.spec.resource_name for c in classes.values()}) != 1:
+        return place_scanning(cluster, devices)
+    if any(d.holds_gpus for d in devices):
+        return _gather(cluster, devices, classes)
+    units = sum(d.spec.count for d in devices)
+    node = _first_fit(cluster, classes, units)
+    if node is not None:
+        return Placement(node, tuple(d.name for d in devices))
+    return _nowhere(cluster, units, devices, classes)
+
+
+def _first_fit(cluster: Cluster, classes: dict[str, GPUClass], units: int, skip: Sequence[str] = ()) -> str | None:
+    """The fullest node with `units` free of the classes' one resource that serves every class, but those in
+    `skip`. Every class shares the resource, so each class's order is by the same free units: walk the shortest."""
+    wanted = set(classes)
+    fewest = min(wanted, key=lambda c: cluster.serving.counts(c)[0])
+    fits = cluster.serving.best_fit(fewest, units)
+    return next((n for n in fits if n not in skip and wanted <= cluster.serving.serves(n)), None)
+
+
+def _nowhere(
+    cluster: Cluster,
+    units: int,
+    devices: Sequence[GPUDevice],
+    classes: dict[str, GPUClass],
+    homes: Sequence[str] = (),
+) -> Placement | NoPlacement:
+    """Why no node takes the set: from the indexes for one class; for several, the scan says (and decides)."""
+    if len(classes) == 1:
         (cls,) = classes.values()
-        return _gather(cluster, cls, devices, classes)
-    if len(resources) == 1 and not any(d.holds_gpus for d in devices):
-        units = sum(d.spec.count for d in devices)
-        moves = tuple(d.name for d in devices)
-        if len(classes) == 1:
-            (cls,) = classes.values()
-            node = next(cluster.serving.best_fit(cls.name, units), None)
-            return Placement(node, moves) if node is not None else _unfit(cluster, cls, units, devices, classes)
-        wanted = set(classes)
-        # Every class shares the resource, so each class's order is by the same free units: walk the shortest.
-        fewest = min(wanted, key=lambda c: cluster.serving.counts(c)[0])
-        for name in cluster.serving.best_fit(fewest, units):
-            if wanted <= cluster.serving.serves(name):
-                return Placement(node=name, moves=moves)
+        return _unfit(cluster, cls, units, devices, classes, homes=homes)
     return place_scanning(cluster, devices)
 
 
-def _gather(
-    cluster: Cluster, cls: GPUClass, devices: Sequence[GPUDevice], classes: dict[str, GPUClass]
-) -> Placement | NoPlacement:
-    """`place` for a set of one class with Bound members, as the scan decides it without looking at every node
+def _gather(cluster: Cluster, devices: Sequence[GPUDevice], classes: dict[str, GPUClass]) -> Placement | NoPlacement:
+    """`place` for a set of one resource with Bound members, as the scan decides it without looking at every node
     (issue 34 item 5): a node holding a member moves fewer devices than any other, so the best of those few
     that take the rest wins; else the fullest node that takes the whole set, the first of the best-fit order."""
     homes = sorted({n for d in devices if d.holds_gpus and (n := d.status.node_name) and n in cluster.nodes})
@@ -159,10 +171,10 @@ def _gather(
     if best is not None:
         return Placement(node=best[0][2], moves=best[1])
     units = sum(d.spec.count for d in devices)
-    node = next((n for n in cluster.serving.best_fit(cls.name, units) if n not in homes), None)
+    node = _first_fit(cluster, classes, units, skip=homes)
     if node is not None:
         return Placement(node, tuple(d.name for d in devices))
-    return _unfit(cluster, cls, units, devices, classes, homes=homes)
+    return _nowhere(cluster, units, devices, classes, homes)
 
 
 def _unfit(
