@@ -235,7 +235,9 @@ class MemKube:
         def apply() -> Body:
             current = self._existing(kind, name, namespace)
             merged: Body = _merge(copy.deepcopy(current), patch)
-            return self._replace(kind, merged, status=subresource == "status", checked=False)
+            # As the API server: a resourceVersion in the patch is a precondition.
+            checked = "resourceVersion" in ((patch or {}).get("metadata") or {})
+            return self._replace(kind, merged, status=subresource == "status", checked=checked)
 
         return self._call("patch", kind, name, apply)
 

@@ -81,7 +81,7 @@ def test_a_template_device_of_a_vmi_that_is_gone_is_deleted_through_its_finalize
     collector, _, view, kube = _collector()
     _seen(view, kube, _attached("v-gpu-0", "v", "u1", template=True, finalizer=True))
     assert asyncio.run(run_until(collector.run, lambda: _api(kube, "v-gpu-0") is None))
-    assert kube.count("replace") >= 1 and kube.count("delete") >= 1
+    assert kube.count("patch") >= 1 and kube.count("delete") >= 1
 
 
 def test_a_device_attached_to_a_live_vmi_is_left_attached_and_protected() -> None:
@@ -117,7 +117,30 @@ def test_a_template_device_gets_its_owner_and_its_finalizer_in_one_write() -> No
     assert [(o["kind"], o["name"], o["uid"]) for o in api["metadata"]["ownerReferences"]] == [
         ("VirtualMachineInstance", "v", "u1")
     ]
-    assert kube.count("replace") == 1
+    assert kube.count("patch") == 1
+
+
+def test_a_tenants_annotations_are_not_kept_in_the_view_nor_lost_by_a_metadata_write() -> None:
+    """Issue 34 item 2: the view keeps a device's own label and none of the tenant's annotations or other labels,
+    which a tenant may make as large as etcd allows; the collector's metadata write is a patch under the device's
+    version, so what the view left out stays in the API (a replace from the view's copy would erase it)."""
+    collector, _, view, kube = _collector()
+    view.apply(kinds.VMI, {"metadata": {"name": "v", "namespace": NS, "uid": "u1", "resourceVersion": "1"}})
+    body = _attached("v-gpu-0", "v", "u1", template=True)
+    fat = {"note": "x" * 200_000}
+    body["metadata"]["annotations"], body["metadata"]["labels"]["team"] = fat, "a"
+    _seen(view, kube, body)
+    kept = view.cluster.device(NS, "v-gpu-0")
+    assert kept is not None and kept.metadata.annotations == {}
+    assert kept.metadata.labels == {LABEL_TEMPLATE_DEVICE: TRUE}
+
+    def protected() -> bool:
+        return FINALIZER_IN_USE in ((_api(kube, "v-gpu-0") or {}).get("metadata") or {}).get("finalizers", [])
+
+    assert asyncio.run(run_until(collector.run, protected))
+    meta = (_api(kube, "v-gpu-0") or {})["metadata"]
+    assert meta["annotations"] == fat and meta["labels"] == {LABEL_TEMPLATE_DEVICE: TRUE, "team": "a"}
+    assert meta["ownerReferences"][0]["uid"] == "u1"
 
 
 # -- the one writer's outcomes -------------------------------------------------------------

@@ -134,6 +134,16 @@ class GPUDevice(Resource):
         create one labelled "false"."""
         return LABEL_TEMPLATE_DEVICE in self.metadata.labels
 
+    def kept(self) -> GPUDevice:
+        """The device as the view keeps it (issue 34 item 2): the labels the operator reads, no annotations. A
+        tenant may make both as large as etcd allows on its own devices; every replica would hold them for nothing.
+        Writes of a device's metadata are patches, so nothing left out here is written back missing."""
+        meta = self.metadata
+        labels = {k: v for k, v in meta.labels.items() if k == LABEL_TEMPLATE_DEVICE}
+        if not meta.annotations and len(labels) == len(meta.labels):
+            return self
+        return self.model_copy(update={"metadata": meta.model_copy(update={"labels": labels, "annotations": {}})})
+
     @property
     def vmi_owner(self) -> OwnerReference | None:
         """§1.2, §6.1: the VMI a template device is owned by, once that VMI exists."""

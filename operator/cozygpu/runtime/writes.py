@@ -87,6 +87,13 @@ class Writer:
     async def replace(self, kind: kinds.Kind, body: Body) -> Outcome:
         return await self._write(self._kube.replace, kind, body, None)
 
+    async def patch(self, kind: kinds.Kind, name: str, namespace: str, changes: Body) -> Outcome:
+        """A merge patch setting the fields `changes` holds, whole; under its `metadata.resourceVersion` if given (a
+        stale one is a CONFLICT, as for a replace). For objects the view keeps slim (a GPUDevice's metadata, issue 34
+        item 2): a replace from the view's copy would drop what the view left out."""
+        where = {"metadata": {"name": name, "namespace": namespace}}
+        return await self._write(lambda k, _: self._kube.patch(k, name, changes, namespace or None), kind, where, None)
+
     async def create(self, kind: kinds.Kind, body: Body) -> Outcome:
         """Create; a name already taken is a CONFLICT whose body is the object there (GONE if it went meanwhile)."""
         return await self._write(self._kube.create, kind, body, None)

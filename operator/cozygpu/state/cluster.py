@@ -170,7 +170,7 @@ class Cluster:
     # -- devices -----------------------------------------------------------------------
 
     def _upsert_device(self, body: dict[str, Any]) -> None:
-        device = GPUDevice.from_wire(body)
+        device = GPUDevice.from_wire(body).kept()
         key = (device.namespace or "", device.name)
         if key not in self._assumed and (left := self._capacity.release_origin(key)):
             self._nodes_touched.add(left)  # what the API says now counts: a settled move's old node frees

@@ -290,8 +290,7 @@ class VMIAdmission:
         raise Refusal(f"GPUDevice {device.name} kept changing while being attached; KubeVirt retries the start")
 
     async def _vmi_exists(self, namespace: str, name: str, uid: str) -> bool:
-        """Whether the VMI object of `uid` still has the name, read fresh: the view may not have heard of its
-        deletion (a restart creates the name again at once)."""
+        """Whether the VMI object of `uid` still has the name, read fresh: the view may lag its deletion."""
         body = (await self._read(kinds.VMI, namespace, name)).body
         return body is not None and body.get("metadata", {}).get("uid") == uid
 
@@ -369,8 +368,10 @@ class VMIAdmission:
             if FINALIZER_IN_USE not in current.metadata.finalizers:
                 return
             kept = lifecycle.protected(current.metadata.finalizers, protect=False)
-            dropped = current.model_copy(update={"metadata": current.metadata.model_copy(update={"finalizers": kept})})
-            outcome = await self._turns.call(namespace, self._writer.replace, kinds.GPU_DEVICE, dropped.wire())
+            patch = {"metadata": {"resourceVersion": current.metadata.resource_version, "finalizers": kept}}
+            outcome = await self._turns.call(
+                namespace, self._writer.patch, kinds.GPU_DEVICE, created.name, namespace, patch
+            )
             if outcome.written:
                 return
             current = _device(outcome.body)  # someone wrote first: the writer's fresh read

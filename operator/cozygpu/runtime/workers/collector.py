@@ -203,9 +203,12 @@ class Collector:
         return self._cluster.device(namespace, device.name)
 
     async def _write_meta(self, device: GPUDevice, **changes: object) -> GPUDevice | None:
-        """The device as the view has it after the write; None when the write finished a deletion."""
-        updated = device.model_copy(update={"metadata": device.metadata.model_copy(update=changes)})
-        if not (await self._writer.replace(kinds.GPU_DEVICE, updated.wire())).written:
+        """The device as the view has it after the write; None when the write finished a deletion. A patch of the
+        changed fields under the device's version: the view's copy leaves out what a replace would drop."""
+        updated = device.metadata.model_copy(update=changes)
+        fields = updated.model_dump(by_alias=True, exclude_none=True, mode="json", include=set(changes))
+        patch = {"metadata": {"resourceVersion": device.metadata.resource_version, **fields}}
+        if not (await self._writer.patch(kinds.GPU_DEVICE, device.name, device.namespace or "", patch)).written:
             raise _Raced
         return self._cluster.device(device.namespace or "", device.name)
 
