@@ -22,6 +22,7 @@ from typing import Any
 
 from cozygpu import tls
 from cozygpu.api import hooks, kinds
+from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Kube
 
 DENY_LABEL = "test.cozy/deny"
@@ -97,9 +98,26 @@ def labelling_webhook(kube: Kube, directory: Path) -> Iterator[None]:
         }  # fmt: skip
         kube.create(kinds.MUTATING_WEBHOOKS, config)
         try:
+            # The API server calls a configuration once its own cache has it, a moment after the create: until a
+            # dry run comes back relabelled, a VMI would be created without the labeller.
+            wait_for("the labeller called", lambda: _relabelled(kube), timeout=15)
             yield
         finally:
             kube.delete(kinds.MUTATING_WEBHOOKS, LABELLER)
+
+
+def _relabelled(kube: Kube) -> bool:
+    """A dry-run create of a VMI the labeller selects (and no webhook of ours does) comes back relabelled."""
+    meta = {"name": "labeller-probe", "namespace": "default", "labels": {RELABEL_LABEL: "true"}}
+    domain = {"devices": {}, "resources": {"requests": {"memory": "1Gi"}}}
+    probe = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": meta,
+        "spec": {"domain": domain},
+    }
+    created = kube.create(kinds.VMI, probe, dry_run=True)
+    return created["metadata"].get("labels", {}).get("test.cozy/relabelled") == "yes"
 
 
 @contextmanager
