@@ -269,10 +269,10 @@ def test_a_rolling_upgrade_under_a_stream_of_creates_fails_no_admission(
     _all_bound(kube, namespace, [template_device_name(name, 0) for name in created])
 
 
-# Open (issue 21 item 3): held creates across replicas take turns on the order ledger, but the leader's binder
-# does not see a held order another replica admitted until its view has the device, so a template bind and that
-# create can together pass the budget by a set: measured 5 units against 4 in two of three runs (before the
-# ledger: 6 to 10 in every run). Not strict: the race is not lost every time.
+# Issue 21 item 3, closed (§7.4): a held order another replica admitted reaches the leader's binder through the
+# order ledger before its device reaches the view, so a template bind and that create can no longer pass the budget
+# together (before the ledger: 6 to 10 units against 4 in every run). The race is not run every time, so a pass
+# alone is weak evidence; tests/unit/test_bind_orders.py decides each interleaving.
 @pytest.mark.parametrize("count", [1, 3], ids=["one replica", "three replicas"])
 def test_a_budget_raced_across_replicas_is_never_exceeded(
     kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, replicas: Replicas, count: int
