@@ -293,8 +293,13 @@ def owner_vm(vmi: dict[str, Any]) -> dict[str, Any] | None:
     meta = vmi.get("metadata") or {}
     for ref in meta.get("ownerReferences") or []:
         if ref.get("kind") == "VirtualMachine" and ref.get("controller") and ref.get("name") and ref.get("uid"):
-            return {"apiVersion": ref.get("apiVersion", KUBEVIRT_API_VERSION), "kind": "VirtualMachine",
-                    "name": ref["name"], "namespace": meta.get("namespace", ""), "uid": ref["uid"]}  # fmt: skip
+            return {
+                "apiVersion": ref.get("apiVersion", KUBEVIRT_API_VERSION),
+                "kind": "VirtualMachine",
+                "name": ref["name"],
+                "namespace": meta.get("namespace", ""),
+                "uid": ref["uid"],
+            }
     return None
 
 

@@ -39,8 +39,11 @@ class Wait:
 def record(lease: dict[str, Any] | None) -> tuple[str, str, int]:
     """What identifies one holder's claim: a renewal or a new holder changes it."""
     spec = (lease or {}).get("spec") or {}
-    return (str(spec.get("holderIdentity") or ""), str(spec.get("renewTime") or ""),
-            int(spec.get("leaseTransitions") or 0))  # fmt: skip
+    return (
+        str(spec.get("holderIdentity") or ""),
+        str(spec.get("renewTime") or ""),
+        int(spec.get("leaseTransitions") or 0),
+    )
 
 
 def decide(
@@ -53,8 +56,13 @@ def decide(
     the holder's renewTime means the two machines' clocks need not agree."""
     seconds = int(duration.total_seconds())
     if lease is None:
-        fresh: dict[str, Any] = {"holderIdentity": me, "leaseDurationSeconds": seconds, "acquireTime": micro_time(now),
-                "renewTime": micro_time(now), "leaseTransitions": 0}  # fmt: skip
+        fresh: dict[str, Any] = {
+            "holderIdentity": me,
+            "leaseDurationSeconds": seconds,
+            "acquireTime": micro_time(now),
+            "renewTime": micro_time(now),
+            "leaseTransitions": 0,
+        }
         return Take(fresh, create=True, transition=True)
     spec: dict[str, Any] = dict(lease.get("spec") or {})
     holder = str(spec.get("holderIdentity") or "")
@@ -64,8 +72,14 @@ def decide(
     if holder and now < observed + held_for:
         return Wait(holder, observed + held_for)
     transitions = int(spec.get("leaseTransitions") or 0) + (1 if holder else 0)
-    taken = {**spec, "holderIdentity": me, "leaseDurationSeconds": seconds, "acquireTime": micro_time(now),
-             "renewTime": micro_time(now), "leaseTransitions": transitions}  # fmt: skip
+    taken = {
+        **spec,
+        "holderIdentity": me,
+        "leaseDurationSeconds": seconds,
+        "acquireTime": micro_time(now),
+        "renewTime": micro_time(now),
+        "leaseTransitions": transitions,
+    }
     return Take(taken, create=False, transition=True)
 
 

@@ -99,8 +99,11 @@ def device_actions(
         ours = device.name.startswith(f"{attached.vmi}-gpu-")
         if device.is_template and owner is None and live is not None and ours and not gone and (named or attached.uid):
             vm = cluster.vm_of(namespace, attached.vmi)  # §6.6: a VM's restart keeps them, so the VM owns them
-            actions.append(Action(Do.OWN, f"VirtualMachine {vm[0]} owns it", vm[1], vm[0]) if vm is not None
-                           else Action(Do.OWN, f"VMI {attached.vmi} owns it", live))  # fmt: skip
+            actions.append(
+                Action(Do.OWN, f"VirtualMachine {vm[0]} owns it", vm[1], vm[0])
+                if vm is not None
+                else Action(Do.OWN, f"VMI {attached.vmi} owns it", live)
+            )
     elif request is not None and _expired(request.requested_at, now, grace):
         actions.append(Action(Do.CLEAR_REQUEST, "the bind request went unanswered"))  # §4
 
@@ -186,8 +189,13 @@ def status_after(device: GPUDevice, action: Action) -> GPUDeviceStatus:
         attached = status.attached_to.model_copy(update={"uid": action.uid})
         return status.model_copy(update={"attached_to": attached, "conditions": others})
     if action.do is Do.KEEP:  # §6.6
-        kept = Condition(type=CONDITION_KEPT, status=ConditionStatus.TRUE, reason="VirtualMachineRestarting",
-                         message=action.reason, last_transition_time=action.at)  # fmt: skip
+        kept = Condition(
+            type=CONDITION_KEPT,
+            status=ConditionStatus.TRUE,
+            reason="VirtualMachineRestarting",
+            message=action.reason,
+            last_transition_time=action.at,
+        )
         return status.model_copy(update={"conditions": [*others, kept]})
     if action.do is Do.DETACH:  # §6.2, §6.3: the attachment goes, with the request made for it
         return status.model_copy(update={"attached_to": None, "bind_request": None})

@@ -100,5 +100,8 @@ def assess(
 def new_orders(namespace: str, devices: Sequence[GPUDevice]) -> dict[str, Order]:
     """§7.1: the devices of a set that are orders at bind time, by name: those that do not count against budgets
     yet (template devices; a held device counts from its creation)."""
-    return {d.name: Order(namespace, d.spec.class_name, d.spec.count, f"GPUDevice {d.name}") for d in devices
-            if not counts(d)}  # fmt: skip
+    return {
+        d.name: Order(namespace, d.spec.class_name, d.spec.count, f"GPUDevice {d.name}")
+        for d in devices
+        if not counts(d)
+    }

@@ -23,8 +23,11 @@ def budget_status(cluster: Cluster, budget: GPUBudget, now: dt.datetime) -> GPUB
     """Units used per class and in total; OverBudget when a lowered cap is below what is held (kept, §7.3)."""
     used = usage(cluster, budget)
     total = sum(used.values())
-    over = [f"GPUClass {c}: {used.get(c, 0)} used, limit {n}" for c, n in sorted(budget.spec.limits.items())
-            if used.get(c, 0) > n]  # fmt: skip
+    over = [
+        f"GPUClass {c}: {used.get(c, 0)} used, limit {n}"
+        for c, n in sorted(budget.spec.limits.items())
+        if used.get(c, 0) > n
+    ]
     if budget.spec.total is not None and total > budget.spec.total:
         over.append(f"total: {total} used, limit {budget.spec.total}")
     before = next((c for c in budget.status.conditions if c.type == CONDITION_OVER_BUDGET), None)
@@ -52,10 +55,12 @@ def class_status(cluster: Cluster, cls: GPUClass) -> GPUClassStatus:
         allocatable += node.units(resource)
         taken_units += taken(cluster, name).get(resource, 0)
     return GPUClassStatus(
-        nodes=nodes, allocatable=allocatable, held=cluster.held_of_class(cls.name),
+        nodes=nodes,
+        allocatable=allocatable,
+        held=cluster.held_of_class(cls.name),
         free=max(0, allocatable - taken_units),
         conditions=cls.status.conditions,
-    )  # fmt: skip
+    )
 
 
 class ClassTotals:
@@ -100,7 +105,9 @@ class ClassTotals:
         """`class_status`, from the totals."""
         allocatable, taken_units = self._units.get(cls.name, (0, 0))
         return GPUClassStatus(
-            nodes=sorted(self._nodes.get(cls.name, ())), allocatable=allocatable,
-            held=cluster.held_of_class(cls.name), free=max(0, allocatable - taken_units),
+            nodes=sorted(self._nodes.get(cls.name, ())),
+            allocatable=allocatable,
+            held=cluster.held_of_class(cls.name),
+            free=max(0, allocatable - taken_units),
             conditions=cls.status.conditions,
-        )  # fmt: skip
+        )

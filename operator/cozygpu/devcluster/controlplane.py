@@ -3,6 +3,9 @@
 `ControlPlane` is a context manager: `start()` returns once /readyz is ok and the
 CRDs are established; `stop()` ends both processes and removes the data. Used by
 the pytest fixtures (tests/conftest.py) and `cozygpu dev-cluster`.
+
+Why one module: the control plane's processes, certificates, kubeconfigs and readiness are one
+lifecycle; process supervision shared with devcluster.kubevirt is issue 35 item 8's to move out.
 """
 
 from __future__ import annotations
@@ -293,23 +296,39 @@ class ControlPlane:
         users = [{"name": "*", "user": client_certificate(client)}]
         if self.virt_api_port:
             users.append({"name": f"127.0.0.1:{self.virt_api_port}", "user": {}})
-        users_file = self._write(certs / "webhook-client.kubeconfig", {"apiVersion": "v1", "kind": "Config",
-                                                                       "users": users})  # fmt: skip
-        plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
-                  "kubeConfigFile": str(users_file)}  # fmt: skip
-        return self._write(certs / "admission.yaml", {
-            "apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
-            "plugins": [{"name": name, "configuration": plugin}
-                        for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")]})  # fmt: skip
+        users_file = self._write(
+            certs / "webhook-client.kubeconfig", {"apiVersion": "v1", "kind": "Config", "users": users}
+        )
+        plugin = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "WebhookAdmissionConfiguration",
+            "kubeConfigFile": str(users_file),
+        }
+        return self._write(
+            certs / "admission.yaml",
+            {
+                "apiVersion": "apiserver.config.k8s.io/v1",
+                "kind": "AdmissionConfiguration",
+                "plugins": [
+                    {"name": name, "configuration": plugin}
+                    for name in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+                ],
+            },
+        )
 
     def publish_webhook_client_ca(self) -> None:
         """Where `cozygpu run --dev` finds the CA to require of webhook callers (api.names.DEV_WEBHOOK_CLIENT_CA)."""
         kube = self.kube()
         kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DEV_NAMESPACE}})
-        kube.put_object(kinds.kind("ConfigMap"), {
-            "apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": DEV_WEBHOOK_CLIENT_CA, "namespace": DEV_NAMESPACE},
-            "data": {"ca.crt": self.webhook_ca.cert_pem.decode()}})  # fmt: skip
+        kube.put_object(
+            kinds.kind("ConfigMap"),
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": DEV_WEBHOOK_CLIENT_CA, "namespace": DEV_NAMESPACE},
+                "data": {"ca.crt": self.webhook_ca.cert_pem.decode()},
+            },
+        )
 
     def restart_apiserver(self, down: float = 0.0, timeout: float = 60.0) -> None:
         """Kill kube-apiserver as a crash would, keep it down `down` seconds, and start it again on the same

@@ -45,9 +45,21 @@ class OperatorProcess:
     def start(self, timeout: float = 60.0, *, until_ready: bool = True) -> OperatorProcess:
         """Start and wait until /readyz is ok (or, for a standby that will not lead yet, /healthz)."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        argv = [sys.executable, "-m", "cozygpu.cli", "--log-format", "json", "run",
-                "--kubeconfig", str(self.kubeconfig), "--health-host", "127.0.0.1",
-                "--health-port", str(self.port), *self.extra]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "cozygpu.cli",
+            "--log-format",
+            "json",
+            "run",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--health-host",
+            "127.0.0.1",
+            "--health-port",
+            str(self.port),
+            *self.extra,
+        ]
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
         log.close()
         deadline = time.monotonic() + timeout

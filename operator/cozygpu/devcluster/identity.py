@@ -93,8 +93,10 @@ def _binding(role_kind: str, name: str) -> Body:
 def install(kube: Kube, *, dev: bool = True) -> None:
     """The namespace, the ServiceAccount, the operator's roles and bindings (and --dev's extra rule)."""
     kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
-    kube.put_object(kinds.kind("ServiceAccount"), {"apiVersion": "v1", "kind": "ServiceAccount",
-                                                   "metadata": {"name": NAME, "namespace": NAMESPACE}})  # fmt: skip
+    kube.put_object(
+        kinds.kind("ServiceAccount"),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": NAME, "namespace": NAMESPACE}},
+    )
     roles = [("ClusterRole", NAME, operator_rules()), ("Role", f"{NAME}-leader-election", leader_election_rules())]
     if dev:
         roles.append(("ClusterRole", f"{NAME}-dev", DEV_RULES))

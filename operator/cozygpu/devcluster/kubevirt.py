@@ -39,8 +39,13 @@ LAUNCHER_IMAGE = "quay.io/kubevirt/virt-launcher:cozy-dev"
 
 # The fake virt-handler writes VMI status as virt-handler's ServiceAccount (impersonated, with its
 # node); kv-dump prints no RBAC for virt-handler, so it gets this.
-HANDLER_RULES = [{"apiGroups": ["kubevirt.io"], "resources": ["virtualmachineinstances"],
-                  "verbs": ["get", "list", "watch", "update", "patch"]}]  # fmt: skip
+HANDLER_RULES = [
+    {
+        "apiGroups": ["kubevirt.io"],
+        "resources": ["virtualmachineinstances"],
+        "verbs": ["get", "list", "watch", "update", "patch"],
+    }
+]
 
 
 def kubevirt_cr(permitted: dict[str, Any] | None = None) -> Body:

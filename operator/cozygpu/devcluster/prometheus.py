@@ -72,8 +72,13 @@ class Prometheus:
         config = self.directory / "prometheus.yml"
         config.write_text(yaml.safe_dump(self.config()))
         log = open(self.directory / "prometheus.log", "ab")  # noqa: SIM115 - handed to the child
-        argv = [found, f"--config.file={config}", f"--storage.tsdb.path={self.directory / 'data'}",
-                f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1d"]  # fmt: skip
+        argv = [
+            found,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={self.directory / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--storage.tsdb.retention.time=1d",
+        ]
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout

@@ -159,8 +159,15 @@ class Kube:
         """PUT: fails with Conflict when body's resourceVersion is not the stored one."""
         meta = body["metadata"]
         params = {"dryRun": "All"} if dry_run else None
-        return self._call("PUT", kind, name=meta["name"], namespace=meta.get("namespace"), subresource=subresource,
-                          body=body, params=params)  # fmt: skip
+        return self._call(
+            "PUT",
+            kind,
+            name=meta["name"],
+            namespace=meta.get("namespace"),
+            subresource=subresource,
+            body=body,
+            params=params,
+        )
 
     def replace_status(self, kind: Kind, body: Body) -> Body:
         return self.replace(kind, body, subresource="status")
@@ -219,8 +226,12 @@ class Kube:
 
     def create_raw(self, kind: Kind, body: Body) -> requests.Response:
         """POST and hand back the response itself, for callers that read headers (warnings)."""
-        kwargs: dict[str, Any] = {"version": kind.api_version, "url": kind.plural, "data": json.dumps(body),
-                                  "headers": {"Content-Type": "application/json"}}  # fmt: skip
+        kwargs: dict[str, Any] = {
+            "version": kind.api_version,
+            "url": kind.plural,
+            "data": json.dumps(body),
+            "headers": {"Content-Type": "application/json"},
+        }
         namespace = body.get("metadata", {}).get("namespace")
         if kind.namespaced and namespace:
             kwargs["namespace"] = namespace
@@ -229,10 +240,19 @@ class Kube:
 
     def request_token(self, namespace: str, service_account: str, seconds: int = 86_400) -> str:
         """A bound token for the ServiceAccount (TokenRequest), as the kubelet would mount one."""
-        request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                   "spec": {"expirationSeconds": seconds}}  # fmt: skip
-        answer = self._call("POST", known.kind("ServiceAccount"), name=service_account, namespace=namespace,
-                            subresource="token", body=request)  # fmt: skip
+        request = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": seconds},
+        }
+        answer = self._call(
+            "POST",
+            known.kind("ServiceAccount"),
+            name=service_account,
+            namespace=namespace,
+            subresource="token",
+            body=request,
+        )
         return str(answer["status"]["token"])
 
     def whoami(self) -> str:

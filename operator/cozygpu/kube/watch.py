@@ -59,9 +59,13 @@ class Watch:
 
     def __iter__(self) -> Iterator[tuple[str, Body]]:
         response = self._api.request(
-            "GET", version=self._kind.api_version, url=self._kind.plural, params=self._params,
-            stream=True, timeout=(10, self._timeout + 30),
-        )  # fmt: skip
+            "GET",
+            version=self._kind.api_version,
+            url=self._kind.plural,
+            params=self._params,
+            stream=True,
+            timeout=(10, self._timeout + 30),
+        )
         self._response = response
         try:
             if not response.ok:

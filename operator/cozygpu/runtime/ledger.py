@@ -276,8 +276,17 @@ def _key(namespace: str, name: str) -> str:
 
 
 def _value(e: Entry) -> str:
-    return json.dumps({"namespace": e.namespace, "name": e.name, "class": e.class_name, "count": e.count,
-                       "expires": e.expires, "uid": e.uid, "counted": e.counted})  # fmt: skip
+    return json.dumps(
+        {
+            "namespace": e.namespace,
+            "name": e.name,
+            "class": e.class_name,
+            "count": e.count,
+            "expires": e.expires,
+            "uid": e.uid,
+            "counted": e.counted,
+        }
+    )
 
 
 # Bytes an entry's value takes beyond its strings, at most: the JSON around them, its count and two times (about 135).
@@ -295,8 +304,15 @@ def _entries(body: dict[str, Any] | None) -> dict[str, Entry]:
         try:
             v = json.loads(raw)
             counted = None if v.get("counted") is None else float(v["counted"])
-            out[key] = Entry(str(v["namespace"]), str(v["name"]), str(v["class"]), int(v["count"]), float(v["expires"]),
-                             str(v.get("uid") or ""), counted)  # fmt: skip
+            out[key] = Entry(
+                str(v["namespace"]),
+                str(v["name"]),
+                str(v["class"]),
+                int(v["count"]),
+                float(v["expires"]),
+                str(v.get("uid") or ""),
+                counted,
+            )
         except (ValueError, KeyError, TypeError, AttributeError):
             continue  # not ours to read: skipped, and dropped at the next write
     return out

@@ -60,9 +60,10 @@ class Metrics:
         # The process's own state, read at scrape time once the Operator points them at it (0 until then).
         self.ready = Gauge("cozygpu_ready", "1 while /readyz answers 200 (leader or standby).", registry=self.registry)
         self.leader = Gauge(
-            "cozygpu_leader", "1 while this replica holds the Lease and runs the binder's side (§10).",
+            "cozygpu_leader",
+            "1 while this replica holds the Lease and runs the binder's side (§10).",
             registry=self.registry,
-        )  # fmt: skip
+        )
         self.registry.register(ViewCollector(cluster))
 
     def render(self) -> tuple[bytes, str]:
@@ -102,9 +103,10 @@ class ViewCollector(Collector):
             since.add_metric([cls, phase.value], at.timestamp())
         yield since
         yield GaugeMetricFamily(
-            "cozygpu_bind_requests_open", "Bind requests some device carries without an answer.",
+            "cozygpu_bind_requests_open",
+            "Bind requests some device carries without an answer.",
             value=len(c.open_request_ids()),
-        )  # fmt: skip
+        )
 
     def _nodes(self) -> Iterator[GaugeMetricFamily]:
         units = GaugeMetricFamily(
@@ -136,8 +138,11 @@ class ViewCollector(Collector):
             labels=["class", "state"],
         )
         for name, cls in sorted(self._cluster.classes.items()):
-            for state, value in (("allocatable", cls.status.allocatable), ("held", cls.status.held),
-                                 ("free", cls.status.free)):  # fmt: skip
+            for state, value in (
+                ("allocatable", cls.status.allocatable),
+                ("held", cls.status.held),
+                ("free", cls.status.free),
+            ):
                 units.add_metric([name, state], value)
         yield units
 
@@ -146,16 +151,18 @@ class ViewCollector(Collector):
         used = GaugeMetricFamily("cozygpu_budget_used_units", "Units counting against a budget.", labels=labels)
         limit = GaugeMetricFamily("cozygpu_budget_limit_units", "A budget's limit per class.", labels=labels)
         used_total = GaugeMetricFamily(
-            "cozygpu_budget_used_total_units", "Units counting against a budget over all classes.",
+            "cozygpu_budget_used_total_units",
+            "Units counting against a budget over all classes.",
             labels=["namespace", "budget"],
-        )  # fmt: skip
+        )
         limit_total = GaugeMetricFamily(
             "cozygpu_budget_limit_total_units", "A budget's total, where it sets one.", labels=["namespace", "budget"]
         )
         over = GaugeMetricFamily(
-            "cozygpu_budget_over", "1 while a lowered budget is below what is held (OverBudget).",
+            "cozygpu_budget_over",
+            "1 while a lowered budget is below what is held (OverBudget).",
             labels=["namespace", "budget"],
-        )  # fmt: skip
+        )
         for (namespace, name), b in sorted(self._cluster.budgets.items()):
             for cls, n in sorted(b.status.used.items()):
                 used.add_metric([namespace, name, cls], n)

@@ -12,6 +12,10 @@ The parts: `state.devices` (devices, their indexes, the waiting room), `state.ca
 free units, best fit, serving), `state.budgets` (budgets, use per namespace), `state.pods` and
 `state.unmanaged` (units pods hold, and those the operator did not place), `state.vmis` (VMIs'
 uids and references), `state.store` (one per kind, with versions and tombstones).
+
+Why one module: it is the façade every reader holds and the one place where an applied object is
+counted in every part's index at once; the parts live in their own modules. Issue 35 item 2 splits
+its read side from its write side.
 """
 
 from __future__ import annotations
@@ -68,11 +72,16 @@ class Cluster:
         self._changed = False
         # Per kind, where the view keeps it (for resyncs, §6.4) and how an event stores or forgets it.
         self._stores: dict[Kind, Versioned] = {
-            kinds.GPU_CLASS: self._classes, kinds.GPU_DEVICE: self._devices.store,
-            kinds.GPU_BUDGET: self._budgets.store, kinds.GPU_NODE: self._gpunodes, kinds.NODE: self._capacity.nodes,
-            kinds.NAMESPACE: self._namespaces, kinds.KUBEVIRT: self._kubevirts, kinds.VMI: self._vmis.store,
+            kinds.GPU_CLASS: self._classes,
+            kinds.GPU_DEVICE: self._devices.store,
+            kinds.GPU_BUDGET: self._budgets.store,
+            kinds.GPU_NODE: self._gpunodes,
+            kinds.NODE: self._capacity.nodes,
+            kinds.NAMESPACE: self._namespaces,
+            kinds.KUBEVIRT: self._kubevirts,
+            kinds.VMI: self._vmis.store,
             kinds.POD: self._pods,
-        }  # fmt: skip
+        }
         self._writes: dict[Kind, tuple[Callable[[dict[str, Any]], object], Callable[[Any, str | None], None]]] = {
             kinds.GPU_DEVICE: (self._upsert_device, self._remove_device),
             kinds.GPU_CLASS: (self._upsert_class, self._remove_class),
@@ -92,29 +101,56 @@ class Cluster:
         self.serving = self._capacity.serving
         d = self._devices
         self.device, self.device_removed, self.arrival, self.turn, self.devices_on, self.devices_in = (
-            d.device, d.removed, d.arrival, d.turn, d.devices_on, d.devices_in,
-        )  # fmt: skip
+            d.device,
+            d.removed,
+            d.arrival,
+            d.turn,
+            d.devices_on,
+            d.devices_in,
+        )
         self.held_by_class, self.named_by_open_request = d.held_by_class, d.named_by_open_request
         self.devices_of_request, self.attached_to, self.devices_of_class, self.waiting_since = (
-            d.devices_of_request, d.attached_to, d.devices_of_class, d.waiting_since,
-        )  # fmt: skip
+            d.devices_of_request,
+            d.attached_to,
+            d.devices_of_class,
+            d.waiting_since,
+        )
         self.open_request_ids, self.unbound_in_turn, self.waiting, self.next_waiting, self.heads_waiting = (
-            d.open_request_ids, d.unbound_in_turn, d.waiting, d.next_waiting, d.heads_waiting,
-        )  # fmt: skip
+            d.open_request_ids,
+            d.unbound_in_turn,
+            d.waiting,
+            d.next_waiting,
+            d.heads_waiting,
+        )
         c = self._capacity
         self.held_of_class, self.held_units, self.unmanaged_units, self.taken_units = (
-            c.held_of_class, c.held_units, c.unmanaged_units, c.taken_units,
-        )  # fmt: skip
+            c.held_of_class,
+            c.held_units,
+            c.unmanaged_units,
+            c.taken_units,
+        )
         self.best_fit, self.reach_fit, self.most_units, self.nodes_with, self.idle_for = (
-            c.best_fit, c.reach_fit, c.most_units, c.nodes_with, c.idle_for,
-        )  # fmt: skip
+            c.best_fit,
+            c.reach_fit,
+            c.most_units,
+            c.nodes_with,
+            c.idle_for,
+        )
         self.idle_clock, self.turned_idle, self.next_idle = c.idle_clock, c.turned_idle, c.next_idle
         self.use_in, self.names_device, self.vmi_exists, self.set_of, self.vm_of = (
-            self._budgets.use_in, self._vmis.names_device, self._vmis.vmi_exists, self._vmis.set_of, self._vmis.vm_of,
-        )  # fmt: skip
+            self._budgets.use_in,
+            self._vmis.names_device,
+            self._vmis.vmi_exists,
+            self._vmis.set_of,
+            self._vmis.vm_of,
+        )
         self.pod, self.pod_keys, self.pods_on, self.launchers_of, self.guest_running = (
-            self._pods.get, self._pods.keys, self._pods.on, self._pods.launchers_of, self._pods.guest_running,
-        )  # fmt: skip
+            self._pods.get,
+            self._pods.keys,
+            self._pods.on,
+            self._pods.launchers_of,
+            self._pods.guest_running,
+        )
         self.pods_holding, self.unmanaged_on = self._pods.__len__, self._unmanaged.on
 
     # -- the door's side: runtime.view alone calls these -----------------------------------
@@ -162,10 +198,19 @@ class Cluster:
     def _change(self, kind: Kind, namespace: str, name: str, deleted: bool) -> Change:
         room, served, reach = self._capacity.take_room()
         return Change(
-            kind, namespace, name, deleted, self._changed,
-            frozenset(self._nodes_touched), frozenset(self._namespaces_touched), self._all_nodes,
-            frozenset(room), frozenset(served), frozenset(self._pods.take_ended()), frozenset(reach),
-        )  # fmt: skip
+            kind,
+            namespace,
+            name,
+            deleted,
+            self._changed,
+            frozenset(self._nodes_touched),
+            frozenset(self._namespaces_touched),
+            self._all_nodes,
+            frozenset(room),
+            frozenset(served),
+            frozenset(self._pods.take_ended()),
+            frozenset(reach),
+        )
 
     # -- devices -----------------------------------------------------------------------
 

@@ -113,8 +113,12 @@ class PodUsage:
             watched=watched(body),
         )
         self._pods[key] = new
-        if old is not None and (old.node, old.units, old.vmi, old.vmi_uid) == (new.node, new.units, new.vmi,
-                                                                                 new.vmi_uid):  # fmt: skip
+        if old is not None and (old.node, old.units, old.vmi, old.vmi_uid) == (
+            new.node,
+            new.units,
+            new.vmi,
+            new.vmi_uid,
+        ):
             return set()
         if old is not None:
             self._unindex(key, old)

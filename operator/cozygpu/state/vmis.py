@@ -43,8 +43,14 @@ class Vmis:
             return None
         uid, names = meta.get("uid", ""), self._names_in(key, meta)
         old = self.store.put(key, uid, meta.get("resourceVersion"))
-        vm = next(((o.get("name", ""), o.get("uid", "")) for o in meta.get("ownerReferences") or []
-                   if o.get("kind") == "VirtualMachine" and o.get("controller")), None)  # fmt: skip
+        vm = next(
+            (
+                (o.get("name", ""), o.get("uid", ""))
+                for o in meta.get("ownerReferences") or []
+                if o.get("kind") == "VirtualMachine" and o.get("controller")
+            ),
+            None,
+        )
         if vm is None:
             self._vm.pop(key, None)
         else:

@@ -40,8 +40,11 @@ class LauncherAdmission:
         vmi = owner[0] if owner else None
         attached = self._cluster.set_of(namespace, *owner) if owner else []
         exempt = namespace in self._exempt
-        previous = [p.ident for p in self._cluster.launchers_of(namespace, vmi) if p.vmi_uid != owner[1]] if (
-            owner and vmi) else []  # fmt: skip
+        previous = (
+            [p.ident for p in self._cluster.launchers_of(namespace, vmi) if p.vmi_uid != owner[1]]
+            if (owner and vmi)
+            else []
+        )
         verdict = launchers.judge(
             pod, user, self._controller_user, attached, self._cluster.classes, exempt=exempt, previous=previous
         )

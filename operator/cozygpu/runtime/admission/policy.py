@@ -50,8 +50,10 @@ NAME = "cozy-gpu-operator-no-bypass"
 MANAGED_RESOURCES = "cozy-gpu-managed-resources"
 RESOURCES_KEY = "resources"
 
-_ASKS = "(has({c}.resources) && ((has({c}.resources.requests) && r in {c}.resources.requests) || " \
-        "(has({c}.resources.limits) && r in {c}.resources.limits)))"  # fmt: skip
+_ASKS = (
+    "(has({c}.resources) && ((has({c}.resources.requests) && r in {c}.resources.requests) || "
+    "(has({c}.resources.limits) && r in {c}.resources.limits)))"
+)
 
 
 def _pod_asks(containers: str) -> str:
@@ -91,14 +93,20 @@ def policy(controller_user: str) -> dict[str, Any]:
     domain = "object.spec.domain"
     vmi_asks = " || ".join([_vmi_names("gpus"), _vmi_names("hostDevices"), f"({_ASKS.format(c=domain)})"])
     pod_asks = f"{_pod_asks('containers')} || {_pod_asks('initContainers')}"
-    labelled = f"has(object.metadata.labels) && object.metadata.labels[?{json.dumps(LABEL_DEVICE_REFERENCE)}]" \
-               ".orValue('') == 'true'"  # fmt: skip
-    marked = f"has(object.metadata.annotations) && object.metadata.annotations[?{json.dumps(ANNOTATION_ADMITTED)}]" \
-             ".orValue('') == 'true'"  # fmt: skip
+    labelled = (
+        f"has(object.metadata.labels) && object.metadata.labels[?{json.dumps(LABEL_DEVICE_REFERENCE)}]"
+        ".orValue('') == 'true'"
+    )
+    marked = (
+        f"has(object.metadata.annotations) && object.metadata.annotations[?{json.dumps(ANNOTATION_ADMITTED)}]"
+        ".orValue('') == 'true'"
+    )
     if "'" in controller_user or "\\" in controller_user:
         raise ValueError(f"KubeVirt's controller user {controller_user!r} cannot be put in a CEL string")
-    launcher = f"request.userInfo.username == '{controller_user}' && has(object.metadata.labels) && " \
-               "object.metadata.labels[?'kubevirt.io'].orValue('') == 'virt-launcher'"  # fmt: skip
+    launcher = (
+        f"request.userInfo.username == '{controller_user}' && has(object.metadata.labels) && "
+        "object.metadata.labels[?'kubevirt.io'].orValue('') == 'virt-launcher'"
+    )
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",

@@ -81,8 +81,10 @@ class Registration:
         """On exit, what this replica registered (dev mode): another replica's registration is left alone."""
         if self.serving is None or not self.registered:
             return
-        registered = ((kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME),
-                      (kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME))  # fmt: skip
+        registered = (
+            (kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME),
+            (kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
+        )
         for kind, name in registered:
             try:
                 await self._kube.delete(kind, name)

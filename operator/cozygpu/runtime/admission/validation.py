@@ -103,9 +103,13 @@ class Validation:
     def _check(self, device: GPUDevice, user: str, key: str) -> Callable[[list[Order]], str | None]:
         """§9.1 for the create, with this replica's other reservations and other replicas' orders as prior orders."""
         return lambda others: validation.device_create(
-            self._cluster, device, user, self.operator_user, [*self._reservations.orders(excluding=key), *others],
+            self._cluster,
+            device,
+            user,
+            self.operator_user,
+            [*self._reservations.orders(excluding=key), *others],
             budgets_required=self._budgets_required,
-        )  # fmt: skip
+        )
 
     async def _confirm(self, device: GPUDevice, user: str, order: Order, key: str | None) -> str | None:
         """What needs the API for a held create that passed the view's checks: that its name is free (the view may

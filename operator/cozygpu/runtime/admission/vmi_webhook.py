@@ -5,6 +5,9 @@ the device-reference label. Referenced devices and the VMI's name are read fresh
 from the API through the writer, into the view; the rest comes from the view. A
 refusal after any write undoes exactly what this call wrote before it answers;
 what it cannot undo, the garbage collector clears (§6).
+
+Why one module: the reads, the bind and the undo of one admission share what it wrote; issue 35
+item 3 moves its rule calls into one pure plan and its read-decide-write loops into the writer.
 """
 
 from __future__ import annotations
@@ -316,10 +319,13 @@ class VMIAdmission:
         try:
             async with asyncio.timeout(UNDO_TIMEOUT):
                 await gather_bounded(
-                    (self._clear(namespace, name, vmi, writes.request_id, name in writes.attached)
-                     for name in writes.requested if name not in created),
+                    (
+                        self._clear(namespace, name, vmi, writes.request_id, name in writes.attached)
+                        for name in writes.requested
+                        if name not in created
+                    ),
                     self._calls_in_flight,
-                )  # fmt: skip
+                )
                 await gather_bounded(
                     (self._delete_created(namespace, d, writes.request_id) for d in writes.created),
                     self._calls_in_flight,

@@ -8,6 +8,9 @@ wake the workers that subscribed. `startup` seeds the view with a resync
 webhooks (runtime.admission.registration) under supervision (runtime.process.supervision) and
 reports ready, on every replica (§10); on the Lease holder alone it then starts the binder, the
 collector, the accountant and the guard (and in dev mode registers the webhooks).
+
+Why one module: the wiring of every part, with readiness, drain and login beside it for now;
+issue 35 item 4 moves those out and leaves the wiring.
 """
 
 from __future__ import annotations
@@ -89,16 +92,35 @@ class Operator:
         # The operator's own namespace: its Lease, the no-bypass policy's parameter (§12.3), the order ledger.
         self.namespace = leadership.lease_namespace(settings)
         # Every order under a budget, from any replica's webhook or the leader's binder, meets here (§7.4, §10).
-        self.ledger = Ledger(self.kube, self.namespace, ttl=settings.webhook_timeout + 10, cluster=self.cluster,
-                             mine=self.reservations.holds_device,
-                             budgets_required=settings.budgets_required)  # fmt: skip
-        self.binder = Binder(self.cluster, self.writer, incomplete_after=settings.bind_timeout, concurrency=connections,
-                             reserved=self.reservations.orders, budgets_required=settings.budgets_required,
-                             events=self.events, metrics=self.metrics, ledger=self.ledger,
-                             idle_moves=settings.max_idle_moves, idle_after=settings.idle_move_after)  # fmt: skip
-        self.collector = Collector(self.cluster, self.writer, self.events, grace=settings.grace_period,
-                                   sweep_interval=settings.sweep_interval,
-                                   read_vm=lambda ns, name: self.kube.get_or_none(kinds.VM, name, ns))  # fmt: skip
+        self.ledger = Ledger(
+            self.kube,
+            self.namespace,
+            ttl=settings.webhook_timeout + 10,
+            cluster=self.cluster,
+            mine=self.reservations.holds_device,
+            budgets_required=settings.budgets_required,
+        )
+        self.binder = Binder(
+            self.cluster,
+            self.writer,
+            incomplete_after=settings.bind_timeout,
+            concurrency=connections,
+            reserved=self.reservations.orders,
+            budgets_required=settings.budgets_required,
+            events=self.events,
+            metrics=self.metrics,
+            ledger=self.ledger,
+            idle_moves=settings.max_idle_moves,
+            idle_after=settings.idle_move_after,
+        )
+        self.collector = Collector(
+            self.cluster,
+            self.writer,
+            self.events,
+            grace=settings.grace_period,
+            sweep_interval=settings.sweep_interval,
+            read_vm=lambda ns, name: self.kube.get_or_none(kinds.VM, name, ns),
+        )
         self.vmis = VMIAdmission(
             self.cluster,
             self.waiters,

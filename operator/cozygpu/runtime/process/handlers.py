@@ -39,8 +39,12 @@ class Forgetful(inventory.ResourceMemories):
 
 def kopf_options(settings: Settings) -> dict[str, Any]:
     """How kopf runs the operator: every namespace, no peering, its memory per object kept for nothing."""
-    return {"clusterwide": True, "standalone": True, "memories": Forgetful(),
-            "identity": cast(Any, leadership.replica(settings))}  # fmt: skip
+    return {
+        "clusterwide": True,
+        "standalone": True,
+        "memories": Forgetful(),
+        "identity": cast(Any, leadership.replica(settings)),
+    }
 
 
 async def run(settings: Settings, stop_flag: asyncio.Event | None = None) -> None:
@@ -83,8 +87,14 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     def target(hook: hooks.Hook) -> dict[str, Any]:
         """Where kopf serves the hook and what it admits, from the one table (api.hooks)."""
         kind = hook.kind
-        return {"group": kind.group, "version": kind.version, "plural": kind.plural, "id": hook.id,
-                "operations": list(hook.operations), "registry": registry}  # fmt: skip
+        return {
+            "group": kind.group,
+            "version": kind.version,
+            "plural": kind.plural,
+            "id": hook.id,
+            "operations": list(hook.operations),
+            "registry": registry,
+        }
 
     @kopf.on.mutate(**target(hooks.VMI), side_effects=True)
     async def vmi(body: kopf.Body, patch: kopf.Patch, dryrun: bool, **_: Any) -> None:

@@ -42,9 +42,14 @@ def for_settings(settings: Settings, kube: AsyncKube, *, on_lost: Callable[[], N
     """The replica's Leadership, or None when leader election is off."""
     if not settings.leader_election:
         return None
-    return Leadership(kube, namespace=lease_namespace(settings), name=settings.lease_name,
-                      identity=replica(settings), duration=settings.lease_duration,
-                      on_lost=on_lost)  # fmt: skip
+    return Leadership(
+        kube,
+        namespace=lease_namespace(settings),
+        name=settings.lease_name,
+        identity=replica(settings),
+        duration=settings.lease_duration,
+        on_lost=on_lost,
+    )
 
 
 def lease_namespace(settings: Settings) -> str:

@@ -147,8 +147,12 @@ class Informer:
                 if not self._at:
                     started = time.monotonic()
                     forgotten, _ = await self.list()
-                    log.info("watch.listed", kind=self.kind.kind, forgotten=forgotten,
-                             duration_ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
+                    log.info(
+                        "watch.listed",
+                        kind=self.kind.kind,
+                        forgotten=forgotten,
+                        duration_ms=round((time.monotonic() - started) * 1000, 1),
+                    )
                 streaming = time.monotonic()
                 await self._follow()
                 failures = 0
@@ -164,8 +168,13 @@ class Informer:
                 # restart, a compaction) the view agrees with the API again before it reports ready.
                 self._at = ""
                 self.failing = str(e) or type(e).__name__
-                log.warning("watch.failed", kind=self.kind.kind, error=str(e) or type(e).__name__,
-                            failures=failures, retry_in_s=round(delay, 2))  # fmt: skip
+                log.warning(
+                    "watch.failed",
+                    kind=self.kind.kind,
+                    error=str(e) or type(e).__name__,
+                    failures=failures,
+                    retry_in_s=round(delay, 2),
+                )
                 await asyncio.sleep(delay)
 
     async def _follow(self) -> None:

@@ -71,9 +71,16 @@ class PodWatch:
             return held is not None and held.vmi is not None and held.watched
 
         self._launchers = Informer(
-            view, kube, kinds.POD, label_selector=LAUNCHERS, field_selector=HOLDING, wanted=_asks, in_scope=launcher,
-            confirm=self._read, timeout=watch_timeout,
-        )  # fmt: skip
+            view,
+            kube,
+            kinds.POD,
+            label_selector=LAUNCHERS,
+            field_selector=HOLDING,
+            wanted=_asks,
+            in_scope=launcher,
+            confirm=self._read,
+            timeout=watch_timeout,
+        )
         self._everything = Informer(view, kube, kinds.POD, field_selector=HOLDING, wanted=_asks, timeout=watch_timeout)
 
     @property

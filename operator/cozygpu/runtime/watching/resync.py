@@ -33,8 +33,12 @@ class Resync:
         for informer in self._informers:
             lost, same = await informer.list(resume=resume)
             forgotten, unchanged = forgotten + lost, unchanged + same
-        log.info("view.resynced", forgotten=forgotten, unchanged=unchanged,
-                 duration_ms=round((time.monotonic() - started) * 1000, 1))  # fmt: skip
+        log.info(
+            "view.resynced",
+            forgotten=forgotten,
+            unchanged=unchanged,
+            duration_ms=round((time.monotonic() - started) * 1000, 1),
+        )
         return forgotten
 
     async def every(self, interval: float) -> None:

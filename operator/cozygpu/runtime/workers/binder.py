@@ -4,6 +4,9 @@ One task decides one thing at a time from the cluster view, so two decisions nev
 spend the same free unit; each decision counts in the view at once (assumed) and is
 written in the background through the one writer (runtime.writes). Woken by the
 view's changes (`changed`); it never polls the API.
+
+Why one module: the decision loop, its waiting room and its write slots share the pass's state;
+issue 35 item 1 makes the binder a package with the queue and the dispatcher apart.
 """
 
 from __future__ import annotations
@@ -91,9 +94,18 @@ class Binder:
         self._confirmations = (
             Confirmations(cluster, writer, ledger, reserved, self._gained) if ledger is not None else None
         )
-        self.mover = Mover(cluster, writer, limit=idle_moves, clock=clock, events=events, metrics=metrics,
-                           gained=self._gained, idle_after=idle_after,
-                           spawn=self._spawn, again=self._again)  # fmt: skip
+        self.mover = Mover(
+            cluster,
+            writer,
+            limit=idle_moves,
+            clock=clock,
+            events=events,
+            metrics=metrics,
+            gained=self._gained,
+            idle_after=idle_after,
+            spawn=self._spawn,
+            again=self._again,
+        )
         self._reach: set[str] = set()  # classes where idle moves may make room now (§5.7): their oldest retries
 
     def poke(self) -> None:
@@ -195,8 +207,14 @@ class Binder:
         return waiting
 
     def _assess(self, request_id: str) -> Assessment:
-        return assess(self._cluster, request_id, self._clock(), self._incomplete_after, self._reserved(),
-                      budgets_required=self._budgets_required)  # fmt: skip
+        return assess(
+            self._cluster,
+            request_id,
+            self._clock(),
+            self._incomplete_after,
+            self._reserved(),
+            budgets_required=self._budgets_required,
+        )
 
     def _requested_at(self, request_id: str) -> dt.datetime:
         for d in self._cluster.devices_of_request(request_id):
@@ -377,8 +395,13 @@ class Binder:
         try:
             if await self._write(bound, token=token):
                 self._post(bound, "Bound", f"bound on node {node}")
-                log.info("device.bound", namespace=bound.namespace, device=bound.name, node=node,
-                         phase_was=str(before.status.phase))  # fmt: skip
+                log.info(
+                    "device.bound",
+                    namespace=bound.namespace,
+                    device=bound.name,
+                    node=node,
+                    phase_was=str(before.status.phase),
+                )
                 return
         except Exception as e:  # the API failed us: the device is decided again on the next pass
             log.warning("binder.write_failed", namespace=bound.namespace, device=bound.name, error=str(e))

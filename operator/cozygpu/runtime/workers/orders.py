@@ -120,8 +120,12 @@ class Confirmations:
         live = [b for b in batch if not b.done.done()]
         while live and (over := overrun(self._cluster, extra, {b.namespace for b in live})):
             # A bind gives way only to an overrun its own orders feed (a lowered limit of another class is not its).
-            fed = [(b, o) for b in live for g in covering_budgets(self._cluster, b.namespace)
-                   if (o := over.get(_key(g))) is not None and o.fed_by(b.orders.values())]  # fmt: skip
+            fed = [
+                (b, o)
+                for b in live
+                for g in covering_budgets(self._cluster, b.namespace)
+                if (o := over.get(_key(g))) is not None and o.fed_by(b.orders.values())
+            ]
             if not fed:
                 break  # over without any of these binds: nothing of ours to take back
             victim = fed[-1][0]  # the newest; named by the first overrun it feeds

@@ -61,8 +61,17 @@ def moved_idle(move: Move, events: Recorder | None, room_for: Sequence[GPUDevice
     """§5.7: an idle device was moved to make room on its old node for the set `room_for` (named in the log alone)."""
     device, d = move.device, room_for[0]
     vmi = d.status.attached_to.vmi if d.status.attached_to is not None else None
-    log.info("device.moved", namespace=device.namespace, device=device.name, node=move.origin, to=move.to,
-             reason="idle", for_namespace=d.namespace, for_vmi=vmi, for_devices=[x.name for x in room_for])  # fmt: skip
+    log.info(
+        "device.moved",
+        namespace=device.namespace,
+        device=device.name,
+        node=move.origin,
+        to=move.to,
+        reason="idle",
+        for_namespace=d.namespace,
+        for_vmi=vmi,
+        for_devices=[x.name for x in room_for],
+    )
     if events is not None:
         events.post(
             device,
@@ -73,5 +82,11 @@ def moved_idle(move: Move, events: Recorder | None, room_for: Sequence[GPUDevice
 
 
 def move_failed(move: Move, error: BaseException | None) -> None:
-    log.info("device.move_failed", namespace=move.device.namespace, device=move.device.name, node=move.origin,
-             to=move.to, error=str(error) if error is not None else "someone wrote first")  # fmt: skip
+    log.info(
+        "device.move_failed",
+        namespace=move.device.namespace,
+        device=move.device.name,
+        node=move.origin,
+        to=move.to,
+        error=str(error) if error is not None else "someone wrote first",
+    )
