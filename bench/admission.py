@@ -44,8 +44,15 @@ def fill(kube: Kube, node_count: int, namespaces: tuple[str, ...]) -> None:
     """The bench's cloud: nodes of 8 units each, the class `bench`, and the namespaces."""
     for n in range(node_count):
         nodes.create_gpu_node(kube, f"bench-{n:04d}", {RESOURCE: 8})
-    kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "bench"},
-                                  "spec": {"mode": "passthrough", "resourceName": RESOURCE}})  # fmt: skip
+    kube.create(
+        kinds.GPU_CLASS,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUClass",
+            "metadata": {"name": "bench"},
+            "spec": {"mode": "passthrough", "resourceName": RESOURCE},
+        },
+    )
     for ns in namespaces:
         kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
 
@@ -55,8 +62,13 @@ def chain_of_writes(kube: Kube, name: str, namespace: str) -> None:
     parts = [f"{name}-gpu-0", f"{name}-gpu-1"]
     for part in parts:
         kube.get_or_none(CONFIGMAP, part, namespace)
-    made = [kube.create(CONFIGMAP, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": p,
-                                    "namespace": namespace}, "data": {}}) for p in parts]  # fmt: skip
+    made = [
+        kube.create(
+            CONFIGMAP,
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": p, "namespace": namespace}, "data": {}},
+        )
+        for p in parts
+    ]
     for step in ("request", "answer"):
         for i, body in enumerate(made):
             body["data"] = {**(body.get("data") or {}), step: "x"}
@@ -96,9 +108,15 @@ def main() -> None:
     with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
         kube = plane.kube()
         fill(kube, args.nodes, ("floor", "ours", "budgeted", "burst"))
-        kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
-                                       "metadata": {"name": "generous", "namespace": "budgeted"},
-                                       "spec": {"limits": {"bench": 1_000_000}}})  # fmt: skip
+        kube.create(
+            kinds.GPU_BUDGET,
+            {
+                "apiVersion": API_VERSION,
+                "kind": "GPUBudget",
+                "metadata": {"name": "generous", "namespace": "budgeted"},
+                "spec": {"limits": {"bench": 1_000_000}},
+            },
+        )
         clients = [plane.kube() for _ in range(max(args.concurrency, 1))]
         count = args.concurrency * args.rounds
         floor = latencies(clients, lambda k, name: chain_of_writes(k, name, "floor"), count)
@@ -113,8 +131,11 @@ def main() -> None:
                 for vmi in kube.list(kinds.VMI, ns):
                     kube.delete(kinds.VMI, vmi["metadata"]["name"], ns)
             # The burst gets the whole cluster: the collector frees the first phases' units (§6.2).
-            wait_for("units freed", lambda: not any(kube.list(kinds.GPU_DEVICE, ns) for ns in ("ours", "budgeted")),
-                     timeout=120)  # fmt: skip
+            wait_for(
+                "units freed",
+                lambda: not any(kube.list(kinds.GPU_DEVICE, ns) for ns in ("ours", "budgeted")),
+                timeout=120,
+            )
             burst = [plane.kube() for _ in range(args.burst)]
             outcomes = latencies(burst, lambda k, name: outcome(k, name, "burst"), args.burst)
         finally:
@@ -127,8 +148,11 @@ def main() -> None:
     row("p50 under a GPUBudget", statistics.median(budgeted), statistics.median(ours))
     row("p99 under a GPUBudget", pct(budgeted, 0.99), pct(ours, 0.99))
     tally = {k: RESULTS.count(k) for k in ("admitted", "refused", "timed out", "error")}
-    print(f"burst of {args.burst} creates at once: " + ", ".join(f"{v} {k}" for k, v in tally.items())
-          + f"; slowest {max(outcomes) * 1e3:.0f} ms")  # fmt: skip
+    print(
+        f"burst of {args.burst} creates at once: "
+        + ", ".join(f"{v} {k}" for k, v in tally.items())
+        + f"; slowest {max(outcomes) * 1e3:.0f} ms"
+    )
 
 
 RESULTS: list[str] = []

@@ -233,9 +233,15 @@ def part_a(args: argparse.Namespace, logs: Path) -> None:
         for ns in (TENANT_A, TENANT_B):
             kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
         for name, selector in ((CLASS, {}), (NOWHERE, {"pool": NOWHERE})):
-            kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": name},
-                                          "spec": {"mode": "passthrough", "resourceName": RESOURCE,
-                                                   "nodeSelector": selector}})  # fmt: skip
+            kube.create(
+                kinds.GPU_CLASS,
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "GPUClass",
+                    "metadata": {"name": name},
+                    "spec": {"mode": "passthrough", "resourceName": RESOURCE, "nodeSelector": selector},
+                },
+            )
         names = [f"bench-{n:05d}" for n in range(args.nodes)]
         in_parallel(plane.kubeconfig_path, names, lambda k, n: nodes.create_gpu_node(k, n, {RESOURCE: UNITS}), THREADS)
         config = identity.write_kubeconfig(plane, plane.workdir / "operator.kubeconfig")
@@ -275,8 +281,17 @@ def part_a(args: argparse.Namespace, logs: Path) -> None:
             if (plane.workdir / "kube-apiserver.log").exists():  # the plane's workdir goes with it
                 shutil.copy(plane.workdir / "kube-apiserver.log", logs / "kube-apiserver-beside.log")
     took = time.monotonic() - started
-    report_a(args, alone, beside, spun, setup_took=setup_took, backlog_took=backlog_took, pending=pending,
-             said=said, took=took)  # fmt: skip
+    report_a(
+        args,
+        alone,
+        beside,
+        spun,
+        setup_took=setup_took,
+        backlog_took=backlog_took,
+        pending=pending,
+        said=said,
+        took=took,
+    )
 
 
 def ms(seconds: float) -> str:
@@ -315,8 +330,10 @@ def report_a(
     took: float,
 ) -> None:
     print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%SZ}  nproc {len(os.sched_getaffinity(0))}")
-    print(f"A. {args.count} one-device VMI creates by tenant B, one at a time, beside tenant A's {args.backlog} "
-          f"Pending GPUDevices and a create/Bound/delete loop; {args.nodes} nodes of {UNITS} units")  # fmt: skip
+    print(
+        f"A. {args.count} one-device VMI creates by tenant B, one at a time, beside tenant A's {args.backlog} "
+        f"Pending GPUDevices and a create/Bound/delete loop; {args.nodes} nodes of {UNITS} units"
+    )
     print(f"  {'':<36}{'beside':>14}{'alone':>14}{'ratio':>10}")
 
     def compare(label: str, figure: Callable[[Phase], float], unit: Callable[[float], str] = ms) -> None:
@@ -341,8 +358,10 @@ def report_a(
     compare("phase wall time", lambda p: p.wall, secs)
     if beside is not None:
         errors = f" ({', '.join(sorted(set(spun.errors)))})" if spun.errors else ""
-        print(f"  the churn: {spun.cycles} cycles, {spun.bound} Bound within {CHURN_WAIT:.0f}s, "
-              f"{len(spun.errors)} errors{errors}")  # fmt: skip
+        print(
+            f"  the churn: {spun.cycles} cycles, {spun.bound} Bound within {CHURN_WAIT:.0f}s, "
+            f"{len(spun.errors)} errors{errors}"
+        )
         print(f"  A's {args.backlog} devices created; {pending} Pending {backlog_took:.0f}s after the first create")
     print(f"  setup (nodes, operator ready, warm-up) {setup_took:.0f}s; part A {took:.0f}s in all; operator {said}")
     for name, phase in (("alone", alone), ("beside", beside)):
@@ -382,9 +401,14 @@ class Started:
 
 
 def backlog_then(
-    plane: ControlPlane, kind: kinds.Kind, bodies: list[Body], done: Callable[[Body], bool], *, timeout: float,
+    plane: ControlPlane,
+    kind: kinds.Kind,
+    bodies: list[Body],
+    done: Callable[[Body], bool],
+    *,
+    timeout: float,
     begin: Callable[[], Started],
-) -> Cold:  # fmt: skip
+) -> Cold:
     """Create every body with nothing to bind them; then `begin` the binder, timed from its start until all
     are done, `timeout`, or the binder's exit, whichever first."""
     start = time.monotonic()
@@ -449,15 +473,25 @@ def part_b(args: argparse.Namespace, logs: Path) -> None:
                     return None  # exited, or never ready: the tally's deadline ends the wait
                 return time.monotonic() - began
 
-            return Started(ready, lambda: operator.proc is not None and operator.proc.poll() is None,
-                           lambda: stop_operator(operator))  # fmt: skip
+            return Started(
+                ready,
+                lambda: operator.proc is not None and operator.proc.poll() is None,
+                lambda: stop_operator(operator),
+            )
 
         def start_scheduler() -> Started:
             port = free_port()
             # As bench/binder.py starts it: unthrottled like our operator's client (the defaults, 50 QPS, pace it).
-            argv = [str(binaries.find(("kube-scheduler",)) / "kube-scheduler"),
-                    f"--kubeconfig={plane.kubeconfig_path}", "--leader-elect=false", "--bind-address=127.0.0.1",
-                    f"--secure-port={port}", "--kube-api-qps=5000", "--kube-api-burst=10000", "--v=1"]  # fmt: skip
+            argv = [
+                str(binaries.find(("kube-scheduler",)) / "kube-scheduler"),
+                f"--kubeconfig={plane.kubeconfig_path}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={port}",
+                "--kube-api-qps=5000",
+                "--kube-api-burst=10000",
+                "--v=1",
+            ]
             began = time.monotonic()
             scheduler = plane.spawn("kube-scheduler", argv)
 
@@ -471,14 +505,27 @@ def part_b(args: argparse.Namespace, logs: Path) -> None:
                     scheduler.kill()
                     return "did NOT stop on SIGTERM within 15s: killed"
 
-            return Started(lambda: scheduler_ready(scheduler, port, began, args.timeout),
-                           lambda: scheduler.poll() is None, stop)  # fmt: skip
+            return Started(
+                lambda: scheduler_ready(scheduler, port, began, args.timeout), lambda: scheduler.poll() is None, stop
+            )
 
         try:
-            ours = backlog_then(plane, kinds.GPU_DEVICE, [device_body(f"d{i:05d}", DEVICES_NS) for i in range(count)],
-                                bound_device, timeout=args.timeout, begin=start_operator)  # fmt: skip
-            theirs = backlog_then(plane, kinds.POD, [pod_body(f"p{i:05d}", PODS_NS) for i in range(count)],
-                                  bound_pod, timeout=args.timeout, begin=start_scheduler)  # fmt: skip
+            ours = backlog_then(
+                plane,
+                kinds.GPU_DEVICE,
+                [device_body(f"d{i:05d}", DEVICES_NS) for i in range(count)],
+                bound_device,
+                timeout=args.timeout,
+                begin=start_operator,
+            )
+            theirs = backlog_then(
+                plane,
+                kinds.POD,
+                [pod_body(f"p{i:05d}", PODS_NS) for i in range(count)],
+                bound_pod,
+                timeout=args.timeout,
+                begin=start_scheduler,
+            )
         finally:
             stop_operator(operator)
             # The plane's workdir goes with it; its logs say where the time went.
@@ -486,8 +533,10 @@ def part_b(args: argparse.Namespace, logs: Path) -> None:
                 if (plane.workdir / name).exists():
                     shutil.copy(plane.workdir / name, logs / name)
     took = time.monotonic() - started
-    print(f"B. cold backlog: {count} objects created first, 1 unit each; {node_count} nodes of {UNITS} units "
-          f"made in {nodes_took:.0f}s; part B {took:.0f}s in all")  # fmt: skip
+    print(
+        f"B. cold backlog: {count} objects created first, 1 unit each; {node_count} nodes of {UNITS} units "
+        f"made in {nodes_took:.0f}s; part B {took:.0f}s in all"
+    )
     for name, side in (("ours", ours), ("kube-scheduler", theirs)):
         if side.bound < side.objects:
             print(f"  {name}: TIMED OUT with {side.bound} of {side.objects} bound")
@@ -495,11 +544,14 @@ def part_b(args: argparse.Namespace, logs: Path) -> None:
     rows = [
         ("seconds from start until all bound", ours.took, theirs.took),
         ("bound per second", ours.rate, theirs.rate),
-        ("CPU seconds, the operator or kube-scheduler", ours.cpu.get("operator", 0.0),
-         theirs.cpu.get("kube-scheduler", 0.0)),
+        (
+            "CPU seconds, the operator or kube-scheduler",
+            ours.cpu.get("operator", 0.0),
+            theirs.cpu.get("kube-scheduler", 0.0),
+        ),
         *[(f"CPU seconds, {n}", ours.cpu.get(n, 0.0), theirs.cpu.get(n, 0.0)) for n in ("kube-apiserver", "etcd")],
         ("seconds creating them (before the clock)", ours.created_in, theirs.created_in),
-    ]  # fmt: skip
+    ]
     for label, mine, peer in rows:
         print(f"  {label:<46}{mine:>16.1f}{peer:>16.1f}{mine / peer if peer else float('nan'):>12.2f}")
     for name, side in (("the operator's /readyz", ours), ("kube-scheduler's /healthz", theirs)):

@@ -110,8 +110,14 @@ class Tally(threading.Thread):
     def _follow(self, version: str) -> None:
         left = self.deadline - time.monotonic() if self.deadline != float("inf") else 3600.0
         params = {"watch": "true", "resourceVersion": version, "timeoutSeconds": str(max(1, int(left)))}
-        with self._api.get(version=self._kind.api_version, url=self._kind.plural, namespace=self._namespace,
-                           params=params, stream=True, timeout=(10, None)) as response:  # fmt: skip
+        with self._api.get(
+            version=self._kind.api_version,
+            url=self._kind.plural,
+            namespace=self._namespace,
+            params=params,
+            stream=True,
+            timeout=(10, None),
+        ) as response:
             for line in response.iter_lines():
                 event = json.loads(line) if line else {}
                 if event.get("type") == "ERROR":
@@ -146,15 +152,23 @@ def measure(
 
 
 def device_body(name: str, namespace: str) -> Body:
-    return {"apiVersion": API_VERSION, "kind": "GPUDevice", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"className": CLASS, "count": 1}}  # fmt: skip
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUDevice",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"className": CLASS, "count": 1},
+    }
 
 
 def pod_body(name: str, namespace: str) -> Body:
     one = {POD_RESOURCE: "1"}  # extended resources: requests must equal limits
     container = {"name": "c", "image": "registry.invalid/pause", "resources": {"requests": one, "limits": one}}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"containers": [container]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"containers": [container]},
+    }
 
 
 def bound_device(body: Body) -> bool:
@@ -177,8 +191,15 @@ def setup(plane: ControlPlane, node_count: int, threads: int) -> float:
     kube = plane.kube()
     for ns in (DEVICES_NS, PODS_NS, WARMUP_NS):
         kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
-    kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": CLASS},
-                                  "spec": {"mode": "passthrough", "resourceName": DEVICE_RESOURCE}})  # fmt: skip
+    kube.create(
+        kinds.GPU_CLASS,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUClass",
+            "metadata": {"name": CLASS},
+            "spec": {"mode": "passthrough", "resourceName": DEVICE_RESOURCE},
+        },
+    )
     units = {DEVICE_RESOURCE: UNITS, POD_RESOURCE: UNITS}
     start = time.monotonic()
     names = [f"node-{n:05d}" for n in range(node_count)]
@@ -199,10 +220,17 @@ def operator_side(plane: ControlPlane, logs: Path, count: int, threads: int, tim
 
 
 def scheduler_side(plane: ControlPlane, count: int, threads: int, timeout: float) -> Side:
-    argv = [str(binaries.find(("kube-scheduler",)) / "kube-scheduler"), f"--kubeconfig={plane.kubeconfig_path}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            # Unthrottled like our operator's client; the defaults (50 QPS) would pace it.
-            "--kube-api-qps=5000", "--kube-api-burst=10000", "--v=1"]  # fmt: skip
+    argv = [
+        str(binaries.find(("kube-scheduler",)) / "kube-scheduler"),
+        f"--kubeconfig={plane.kubeconfig_path}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={free_port()}",
+        # Unthrottled like our operator's client; the defaults (50 QPS) would pace it.
+        "--kube-api-qps=5000",
+        "--kube-api-burst=10000",
+        "--v=1",
+    ]
     scheduler = plane.spawn("kube-scheduler", argv)
     try:
         warm_up(plane.kube(), kinds.POD, pod_body("warmup", WARMUP_NS), bound_pod, timeout)
@@ -219,8 +247,10 @@ def scheduler_side(plane: ControlPlane, count: int, threads: int, timeout: float
 def report(args: argparse.Namespace, nodes_took: float, ours: Side, theirs: Side, logs: Path) -> None:
     cpus = len(os.sched_getaffinity(0))  # what `nproc` prints
     print(f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%SZ}  nproc {cpus}  logs in {logs}")
-    print(f"{args.nodes} nodes ({UNITS} units of each resource) made in {nodes_took:.1f}s; "
-          f"{args.devices} objects a side, 1 unit each, {args.threads} client threads")  # fmt: skip
+    print(
+        f"{args.nodes} nodes ({UNITS} units of each resource) made in {nodes_took:.1f}s; "
+        f"{args.devices} objects a side, 1 unit each, {args.threads} client threads"
+    )
     for name, side in (("ours", ours), ("kube-scheduler", theirs)):
         if side.bound < side.objects:
             print(f"  {name}: TIMED OUT with {side.bound} of {side.objects} bound")

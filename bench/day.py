@@ -148,18 +148,35 @@ class Day:
         writer = Writer(self.view, cast(AsyncKube, self.kube))
         self.nodes = nodes
         for n in range(nodes):
-            self.view.apply(kinds.NODE, {
-                "metadata": {"name": f"node-{n:04d}", "resourceVersion": "1", "labels": {}},
-                "spec": {},
-                "status": {"allocatable": {RESOURCE: str(UNITS)}, "conditions": [{"type": "Ready", "status": "True"}]},
-            })  # fmt: skip
-        self.view.apply(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass",
-                                          "metadata": {"name": "gpu", "resourceVersion": "1"},
-                                          "spec": {"mode": "passthrough", "resourceName": RESOURCE}})  # fmt: skip
+            self.view.apply(
+                kinds.NODE,
+                {
+                    "metadata": {"name": f"node-{n:04d}", "resourceVersion": "1", "labels": {}},
+                    "spec": {},
+                    "status": {
+                        "allocatable": {RESOURCE: str(UNITS)},
+                        "conditions": [{"type": "Ready", "status": "True"}],
+                    },
+                },
+            )
+        self.view.apply(
+            kinds.GPU_CLASS,
+            {
+                "apiVersion": API_VERSION,
+                "kind": "GPUClass",
+                "metadata": {"name": "gpu", "resourceVersion": "1"},
+                "spec": {"mode": "passthrough", "resourceName": RESOURCE},
+            },
+        )
         self.now = EPOCH
-        self.binder = Binder(self.view.cluster, writer, incomplete_after=settings.bind_timeout,
-                             concurrency=settings.api_concurrency, clock=lambda: self.now,
-                             idle_moves=idle_moves)  # fmt: skip
+        self.binder = Binder(
+            self.view.cluster,
+            writer,
+            incomplete_after=settings.bind_timeout,
+            concurrency=settings.api_concurrency,
+            clock=lambda: self.now,
+            idle_moves=idle_moves,
+        )
         self.view.subscribe(self.binder.changed)
         self.state: dict[int, str] = {}  # waiting, running or stopped
         self.sizes: dict[int, int] = {}
@@ -207,8 +224,12 @@ class Day:
 
     async def order(self, e: Event) -> None:
         namespace, name = _name(e.vm)
-        body = {"apiVersion": API_VERSION, "kind": "GPUDevice", "metadata": {"name": name, "namespace": namespace},
-                "spec": {"className": "gpu", "count": e.size}}  # fmt: skip
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "GPUDevice",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"className": "gpu", "count": e.size},
+        }
         self.view.apply(kinds.GPU_DEVICE, self.kube.put(kinds.GPU_DEVICE, body))
         self.sizes[e.vm] = e.size
         began = time.perf_counter()
@@ -306,34 +327,48 @@ def _ratio(a: float, b: float) -> str:
 def report(args: argparse.Namespace, held: float, events: list[Event], without: Figures, with_: Figures) -> None:
     day = [e for e in events if not e.warm]
     kinds_ = Counter(e.kind for e in day)
-    print(f"a day on {args.nodes} nodes of {UNITS} GPUs (seed {args.seed}): warm-up to {held:.0%} held, then "
-          f"{len(day)} events: {kinds_['order']} orders ({args.big:.0%} of 8 GPUs), {kinds_['delete']} deletions, "
-          f"{kinds_['stop']} stops, {kinds_['start']} starts; ~{args.stopped:.0%} of VMs stopped")  # fmt: skip
-    print(f"units Bound, mean of samples: {statistics.fmean(without.held or [0]):.1%} without idle moves, "
-          f"{statistics.fmean(with_.held or [0]):.1%} with (at most {args.moves} moves per decision)")  # fmt: skip
-    print(f"{'order size':<12}{'orders':>7}   {'placed at once: without':>24}{'with idle moves':>17}{'ratio':>9}"
-          f"   {'placed late: without':>21}{'with':>8}")  # fmt: skip
+    print(
+        f"a day on {args.nodes} nodes of {UNITS} GPUs (seed {args.seed}): warm-up to {held:.0%} held, then "
+        f"{len(day)} events: {kinds_['order']} orders ({args.big:.0%} of 8 GPUs), {kinds_['delete']} deletions, "
+        f"{kinds_['stop']} stops, {kinds_['start']} starts; ~{args.stopped:.0%} of VMs stopped"
+    )
+    print(
+        f"units Bound, mean of samples: {statistics.fmean(without.held or [0]):.1%} without idle moves, "
+        f"{statistics.fmean(with_.held or [0]):.1%} with (at most {args.moves} moves per decision)"
+    )
+    print(
+        f"{'order size':<12}{'orders':>7}   {'placed at once: without':>24}{'with idle moves':>17}{'ratio':>9}"
+        f"   {'placed late: without':>21}{'with':>8}"
+    )
     for size in [*range(1, UNITS + 1), 0]:  # 0: all sizes
         orders = _of(without.orders, size)
         a, b = _of(without.at_once, size), _of(with_.at_once, size)
         late = _share(_of(without.late, size), orders), _share(_of(with_.late, size), orders)
-        print(f"{size or 'all':<12}{orders:>7}   {_share(a, orders):>24}{_share(b, orders):>17}{_ratio(a, b):>9}"
-              f"   {late[0]:>21}{late[1]:>8}")  # fmt: skip
+        print(
+            f"{size or 'all':<12}{orders:>7}   {_share(a, orders):>24}{_share(b, orders):>17}{_ratio(a, b):>9}"
+            f"   {late[0]:>21}{late[1]:>8}"
+        )
     placed = sum(with_.at_once.values()) + sum(with_.late.values())
     big = with_.at_once[UNITS] + with_.late[UNITS]
-    print(f"moves made with idle moves: {with_.moves} ({without.moves} without): "
-          f"{with_.moves / max(placed, 1):.3f} per placed order ({placed}), "
-          f"{with_.moves / max(big, 1):.2f} over the 8-GPU orders placed ({big})")  # fmt: skip
+    print(
+        f"moves made with idle moves: {with_.moves} ({without.moves} without): "
+        f"{with_.moves / max(placed, 1):.3f} per placed order ({placed}), "
+        f"{with_.moves / max(big, 1):.2f} over the 8-GPU orders placed ({big})"
+    )
     c, d = (statistics.median(f.settle) * 1e3 for f in (without, with_))
     p, q = (sorted(f.settle)[int(0.99 * (len(f.settle) - 1))] * 1e3 for f in (without, with_))
     m, n = (statistics.fmean(f.settle) * 1e3 for f in (without, with_))
-    print(f"binder's settle per order (passes + in-memory writes): p50 {c:.3f} / {d:.3f} ms ({_ratio(c, d).strip()}),"
-          f" p99 {p:.3f} / {q:.3f} ms ({_ratio(p, q).strip()}), mean {m:.3f} / {n:.3f} ms ({_ratio(m, n).strip()})"
-          f"  (without / with)")  # fmt: skip
+    print(
+        f"binder's settle per order (passes + in-memory writes): p50 {c:.3f} / {d:.3f} ms ({_ratio(c, d).strip()}),"
+        f" p99 {p:.3f} / {q:.3f} ms ({_ratio(p, q).strip()}), mean {m:.3f} / {n:.3f} ms ({_ratio(m, n).strip()})"
+        f"  (without / with)"
+    )
     print(f"the day's wall time: {without.wall:.1f} s without, {with_.wall:.1f} s with")
-    print(f"checks (without / with): nodes seen over their units {without.over} / {with_.over}, attached devices "
-          f"moved {without.moved_attached} / {with_.moved_attached}, VM starts refused "
-          f"{without.refused_starts} / {with_.refused_starts}")  # fmt: skip
+    print(
+        f"checks (without / with): nodes seen over their units {without.over} / {with_.over}, attached devices "
+        f"moved {without.moved_attached} / {with_.moved_attached}, VM starts refused "
+        f"{without.refused_starts} / {with_.refused_starts}"
+    )
 
 
 def main() -> None:
@@ -342,8 +377,13 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=200)
     p.add_argument("--events", type=int, default=4000, help="the day's events after the warm-up")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--held", type=float, nargs="+", default=[0.85, 0.95],
-                   help="the share of units tenants ask for, about: one day at each")  # fmt: skip
+    p.add_argument(
+        "--held",
+        type=float,
+        nargs="+",
+        default=[0.85, 0.95],
+        help="the share of units tenants ask for, about: one day at each",
+    )
     p.add_argument("--stopped", type=float, default=0.3, help="the share of VMs stopped, about")
     p.add_argument("--big", type=float, default=0.1, help="the share of orders of 8 GPUs")
     p.add_argument("--moves", type=int, default=settings.max_idle_moves, help="idle moves per decision, with")

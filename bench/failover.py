@@ -49,8 +49,12 @@ def main() -> None:
         assert a.proc is not None and b.proc is not None
         wait_for("a leads", lambda: a.events("operator.deciding"), timeout=args.timeout)
         memory = (rss_mib(a.proc.pid), rss_mib(b.proc.pid))
-        probe = {"apiVersion": API_VERSION, "kind": "GPUDevice", "metadata": {"name": "failover-probe",
-                 "namespace": f"t{NAMESPACES - 1}"}, "spec": {"className": "gpu", "count": 1}}  # fmt: skip
+        probe = {
+            "apiVersion": API_VERSION,
+            "kind": "GPUDevice",
+            "metadata": {"name": "failover-probe", "namespace": f"t{NAMESPACES - 1}"},
+            "spec": {"className": "gpu", "count": 1},
+        }
 
         def bound() -> bool:
             body = kube.get_or_none(kinds.GPU_DEVICE, "failover-probe", f"t{NAMESPACES - 1}") or {}

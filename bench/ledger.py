@@ -34,8 +34,12 @@ from cozygpu.kube.adapter import ApiError, Kube
 
 
 def held(name: str, namespace: str) -> dict:
-    return {"apiVersion": API_VERSION, "kind": "GPUDevice", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"className": "bench", "count": 1}}  # fmt: skip
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUDevice",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"className": "bench", "count": 1},
+    }
 
 
 def quiet_creates(kube: Kube, count: int, failed: list[str], namespaces: tuple[str, ...] = ("quiet",)) -> list[float]:
@@ -67,9 +71,15 @@ def main() -> None:
         kube = plane.kube()
         fill(kube, args.nodes, ("quiet", "noisy", "open"))
         for ns in ("quiet", "noisy"):
-            kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
-                                           "metadata": {"name": "generous", "namespace": ns},
-                                           "spec": {"limits": {"bench": 1_000_000}}})  # fmt: skip
+            kube.create(
+                kinds.GPU_BUDGET,
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "GPUBudget",
+                    "metadata": {"name": "generous", "namespace": ns},
+                    "spec": {"limits": {"bench": 1_000_000}},
+                },
+            )
         config = identity.write_kubeconfig(plane, Path(tmp) / "operator")
         operator = OperatorProcess(config, Path(tmp) / "operator.log", "--dev").start()
         alone_failed: list[str] = []
@@ -102,16 +112,20 @@ def main() -> None:
                 t.join()
         finally:
             operator.stop()
-    print(f"held-device creates under a GPUBudget, {args.count} one after another, beside {args.burst} clients"
-          " creating without pause in another namespace")  # fmt: skip
+    print(
+        f"held-device creates under a GPUBudget, {args.count} one after another, beside {args.burst} clients"
+        " creating without pause in another namespace"
+    )
     print(f"{'':<28}{'beside':>13}{'alone':>15}{'ratio':>11}")
     row("p50", statistics.median(beside), statistics.median(alone))
     row("p99", pct(beside, 0.99), pct(alone, 0.99))
     print(f"{'':<28}{'quiet':>13}{'open':>15}{'ratio':>11}   (beside the burst; open: no budget, no ledger)")
     row("p50", statistics.median(beside), statistics.median(unbudgeted))
     row("p99", pct(beside, 0.99), pct(unbudgeted, 0.99))
-    print(f"failed: {len(beside_failed)} beside, {len(alone_failed)} alone; the burst made {burst_made[0]} devices,"
-          f" {burst_failed[0]} of its creates failed")  # fmt: skip
+    print(
+        f"failed: {len(beside_failed)} beside, {len(alone_failed)} alone; the burst made {burst_made[0]} devices,"
+        f" {burst_failed[0]} of its creates failed"
+    )
     for message in sorted(set(beside_failed + alone_failed))[:3]:
         print(f"  e.g. {message[:200]}")
 

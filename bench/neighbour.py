@@ -87,8 +87,11 @@ def main() -> None:
     row("p50", statistics.median(beside), statistics.median(alone))
     row("p99", pct(beside, 0.99), pct(alone, 0.99))
     outcomes = {r: sum(1 for _, x in large if x == r) for r in ("admitted", "refused", "error")}
-    print(f"the neighbour's {args.max_devices}-device creates: " + ", ".join(f"{v} {k}" for k, v in outcomes.items())
-          + f"; median {statistics.median(d for d, _ in large) * 1e3:.0f} ms each")  # fmt: skip
+    print(
+        f"the neighbour's {args.max_devices}-device creates: "
+        + ", ".join(f"{v} {k}" for k, v in outcomes.items())
+        + f"; median {statistics.median(d for d, _ in large) * 1e3:.0f} ms each"
+    )
 
 
 if __name__ == "__main__":

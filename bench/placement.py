@@ -38,8 +38,10 @@ def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
     c = Cluster()
     view = View(c)
     for i, r in enumerate(RESOURCES):
-        view.apply(kinds.GPU_CLASS, {"metadata": {"name": f"c{i}", "resourceVersion": "1"},
-                        "spec": {"mode": "passthrough", "resourceName": r}})  # fmt: skip
+        view.apply(
+            kinds.GPU_CLASS,
+            {"metadata": {"name": f"c{i}", "resourceVersion": "1"}, "spec": {"mode": "passthrough", "resourceName": r}},
+        )
     # A second class of the first resource: a set may mix the two (a held device of one, a template of the other).
     view.apply(
         kinds.GPU_CLASS,
@@ -50,15 +52,23 @@ def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
     )
     for n in range(nodes):
         r = RESOURCES[n % len(RESOURCES)]
-        view.apply(kinds.NODE, {
-            "metadata": {"name": f"node-{n:05d}", "resourceVersion": "1", "labels": {}},
-            "spec": {},
-            "status": {"allocatable": {r: "8"}, "conditions": [{"type": "Ready", "status": "True"}]},
-        })  # fmt: skip
+        view.apply(
+            kinds.NODE,
+            {
+                "metadata": {"name": f"node-{n:05d}", "resourceVersion": "1", "labels": {}},
+                "spec": {},
+                "status": {"allocatable": {r: "8"}, "conditions": [{"type": "Ready", "status": "True"}]},
+            },
+        )
     for ns in range(namespaces):
         view.apply(kinds.NAMESPACE, {"metadata": {"name": f"t{ns}", "labels": {}}})
-        view.apply(kinds.GPU_BUDGET, {"metadata": {"name": "b", "namespace": f"t{ns}", "resourceVersion": "1"},
-                         "spec": {"limits": {"c0": 10_000}, "total": 100_000}})  # fmt: skip
+        view.apply(
+            kinds.GPU_BUDGET,
+            {
+                "metadata": {"name": "b", "namespace": f"t{ns}", "resourceVersion": "1"},
+                "spec": {"limits": {"c0": 10_000}, "total": 100_000},
+            },
+        )
     for d in range(devices):
         n = rng.randrange(nodes)
         ns = f"t{d % namespaces}"
@@ -67,12 +77,19 @@ def build(nodes: int, devices: int, namespaces: int, seed: int) -> Cluster:
         if d % 2:  # a template device of a running VMI: attached, owned, protected
             uid = f"uid-{d}"
             view.apply(kinds.VMI, {"metadata": {"name": f"vm{d}", "namespace": ns, "uid": uid}})
-            meta.update(name=f"vm{d}-gpu-0", labels={LABEL_TEMPLATE_DEVICE: "true"}, finalizers=[FINALIZER_IN_USE],
-                        ownerReferences=[{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                                          "name": f"vm{d}", "uid": uid}])  # fmt: skip
+            meta.update(
+                name=f"vm{d}-gpu-0",
+                labels={LABEL_TEMPLATE_DEVICE: "true"},
+                finalizers=[FINALIZER_IN_USE],
+                ownerReferences=[
+                    {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": f"vm{d}", "uid": uid}
+                ],
+            )
             status["attachedTo"] = {"vmi": f"vm{d}", "uid": uid}
-        view.apply(kinds.GPU_DEVICE, {"metadata": meta, "spec": {"className": f"c{n % len(RESOURCES)}", "count": 1},
-                         "status": status})  # fmt: skip
+        view.apply(
+            kinds.GPU_DEVICE,
+            {"metadata": meta, "spec": {"className": f"c{n % len(RESOURCES)}", "count": 1}, "status": status},
+        )
     return c
 
 
@@ -108,9 +125,16 @@ def _use_by_walk(c: Cluster, namespace: str) -> dict[str, int]:
 def budgets_among_tenants(tenants: int, rounds: int) -> None:
     """One budget per tenant namespace and one org-wide budget selecting all of them."""
     c = build(100, tenants, tenants, seed=2)
-    View(c).apply(kinds.GPU_BUDGET, {"metadata": {"name": "org", "namespace": "t0", "resourceVersion": "1"},
-                     "spec": {"namespaceSelector": {"matchExpressions": [{"key": "org", "operator": "DoesNotExist"}]},
-                              "total": 10 * tenants}})  # fmt: skip
+    View(c).apply(
+        kinds.GPU_BUDGET,
+        {
+            "metadata": {"name": "org", "namespace": "t0", "resourceVersion": "1"},
+            "spec": {
+                "namespaceSelector": {"matchExpressions": [{"key": "org", "operator": "DoesNotExist"}]},
+                "total": 10 * tenants,
+            },
+        },
+    )
     orders = [Order("t1", "c0", 1, "deviceTemplate 0"), Order("t1", "c0", 2, "deviceTemplate 1")]
     print(f"budgets among {tenants} tenant namespaces, one org-wide budget:")
     indexed = timed("  check two orders (the view's budget index)", lambda: check_orders(c, orders), rounds)
@@ -134,11 +158,17 @@ def main() -> None:
     built = time.perf_counter() - start
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    print(f"view: {args.nodes} nodes, {args.devices} devices, {args.namespaces} namespaces "
-          f"built in {built:.2f}s, {current / 2**20:.1f} MiB held (peak {peak / 2**20:.1f} MiB)")  # fmt: skip
+    print(
+        f"view: {args.nodes} nodes, {args.devices} devices, {args.namespaces} namespaces "
+        f"built in {built:.2f}s, {current / 2**20:.1f} MiB held (peak {peak / 2**20:.1f} MiB)"
+    )
 
-    new = [GPUDevice.from_wire({"metadata": {"name": f"new{i}", "namespace": "t0"},
-                                "spec": {"className": "c0", "count": 1 + i % 2}}) for i in range(2)]  # fmt: skip
+    new = [
+        GPUDevice.from_wire(
+            {"metadata": {"name": f"new{i}", "namespace": "t0"}, "spec": {"className": "c0", "count": 1 + i % 2}}
+        )
+        for i in range(2)
+    ]
     timed("place a set of two new devices", lambda: place(c, new), args.rounds)
     gather = [c.devices[("t0", "d0")], c.devices[("t2", "d2")]]
     timed("place a set gathering two Bound devices", lambda: place(c, gather), args.rounds)
@@ -164,8 +194,11 @@ def main() -> None:
     timed("compute one GPUNode status", lambda: gpunode_status(c, "node-00000", [], now), args.rounds)
     grace = dt.timedelta(minutes=2)
     sweep_rounds = max(3, args.rounds // 40)
-    timed("collector sweep: judge every device", lambda: [device_actions(c, d, now, grace) for d in c.devices.values()],
-          sweep_rounds)  # fmt: skip
+    timed(
+        "collector sweep: judge every device",
+        lambda: [device_actions(c, d, now, grace) for d in c.devices.values()],
+        sweep_rounds,
+    )
     if args.tenants:
         budgets_among_tenants(args.tenants, max(5, args.rounds // 10))
 

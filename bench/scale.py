@@ -66,20 +66,36 @@ def populate(plane: ControlPlane, tmp: Path, nodes_: int, devices: int, timeout:
     returns the operator's kubeconfig (bench/failover.py starts from the same cloud)."""
     args = argparse.Namespace(nodes=nodes_, devices=devices, timeout=timeout)
     kube = plane.kube()
-    kube.create(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "gpu"},
-                                  "spec": {"mode": "passthrough", "resourceName": RESOURCE}})  # fmt: skip
+    kube.create(
+        kinds.GPU_CLASS,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUClass",
+            "metadata": {"name": "gpu"},
+            "spec": {"mode": "passthrough", "resourceName": RESOURCE},
+        },
+    )
     for ns in range(NAMESPACES):
         kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": f"t{ns}"}})
     start = time.monotonic()
-    in_parallel(plane.kubeconfig_path, [f"node-{n:05d}" for n in range(args.nodes)],
-                lambda k, name: nodes.create_gpu_node(k, name, {RESOURCE: UNITS}))  # fmt: skip
+    in_parallel(
+        plane.kubeconfig_path,
+        [f"node-{n:05d}" for n in range(args.nodes)],
+        lambda k, name: nodes.create_gpu_node(k, name, {RESOURCE: UNITS}),
+    )
     print(f"{args.nodes} nodes in {time.monotonic() - start:.0f}s", flush=True)
     config = identity.write_kubeconfig(plane, tmp / "operator")
     filler = OperatorProcess(config, tmp / "filler.log", "--no-webhooks").start(timeout=args.timeout)
     start = time.monotonic()
-    bodies = [{"apiVersion": API_VERSION, "kind": "GPUDevice", "metadata": {"name": f"d{i:06d}",
-               "namespace": f"t{i % NAMESPACES}"}, "spec": {"className": "gpu", "count": 1}}
-              for i in range(args.devices)]  # fmt: skip
+    bodies = [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUDevice",
+            "metadata": {"name": f"d{i:06d}", "namespace": f"t{i % NAMESPACES}"},
+            "spec": {"className": "gpu", "count": 1},
+        }
+        for i in range(args.devices)
+    ]
     in_parallel(plane.kubeconfig_path, bodies, lambda k, body: k.create(kinds.GPU_DEVICE, body))
     while bound_count(kube) < args.devices:  # a list of every device: seconds apart, not a busy poll
         if time.monotonic() - start > args.timeout:

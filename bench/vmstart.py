@@ -271,8 +271,10 @@ def main() -> None:
         finally:
             for watch in seen:
                 watch.close()
-        spent = {k: [v[0] - warm.get(k, [0.0, 0.0])[0], v[1] - warm.get(k, [0.0, 0.0])[1]]
-                 for k, v in answers(operator, token).items()}  # fmt: skip
+        spent = {
+            k: [v[0] - warm.get(k, [0.0, 0.0])[0], v[1] - warm.get(k, [0.0, 0.0])[1]]
+            for k, v in answers(operator, token).items()
+        }
     report(samples, spent, args, ready, time.monotonic() - started)
     per_vm = {k: [v / max(1, len(samples[k])) for v in c] for k, c in costs.items()}
     print(f"{'per VM started and stopped, mean':<32}{'GPU VMs':>10}{'no GPUs':>10}{'added':>10}{'ratio':>9}")
@@ -297,8 +299,11 @@ def report(
     print(f"{'':<30}{'GPU VMs':>10}{'no GPUs':>10}{'added':>10}{'ratio':>8}")
     row("p50", pct(gpu, 0.5), pct(none, 0.5))
     row("p99", pct(gpu, 0.99), pct(none, 0.99))
-    legs = (("create to VMI made", lambda s: s[0]), ("VMI made to pod made", lambda s: s[1] - s[0]),
-            ("pod made to bound", lambda s: s[2] - s[1]))  # fmt: skip
+    legs = (
+        ("create to VMI made", lambda s: s[0]),
+        ("VMI made to pod made", lambda s: s[1] - s[0]),
+        ("pod made to bound", lambda s: s[2] - s[1]),
+    )
     for label, leg in legs:
         for q in (0.5, 0.99):
             row(f"  {label}, p{q * 100:.0f}", *(pct([leg(s) for s in samples[k]], q) for k in ("gpu", "plain")))

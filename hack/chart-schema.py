@@ -40,8 +40,18 @@ ANNOTATION = "# @schema"
 # The Deployment's environment entries that carry a value as it is.
 SETTING = re.compile(r"\{name: COZYGPU_(\w+), value: \{\{ \.Values\.([\w.]+) \| quote \}\}\}")
 # Settings' JSON schema keywords the chart's schema takes over.
-BOUNDS = ("description", "type", "enum", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-          "minLength", "maxLength", "pattern")  # fmt: skip
+BOUNDS = (
+    "description",
+    "type",
+    "enum",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+)
 SCALARS: tuple[tuple[type, str], ...] = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"))
 
 

@@ -72,8 +72,10 @@ def show_devices(kube: Kube) -> None:
     print(f"{'DEVICE':<16}{'COUNT':<7}{'PHASE':<9}{'NODE':<8}MESSAGE")
     for d in sorted(kube.list(kinds.GPU_DEVICE, NS), key=lambda d: d["metadata"]["name"]):
         s = d.get("status", {})
-        print(f"{d['metadata']['name']:<16}{d['spec']['count']:<7}{s.get('phase', ''):<9}"
-              f"{s.get('nodeName', ''):<8}{s.get('message', '')}")  # fmt: skip
+        print(
+            f"{d['metadata']['name']:<16}{d['spec']['count']:<7}{s.get('phase', ''):<9}"
+            f"{s.get('nodeName', ''):<8}{s.get('message', '')}"
+        )
 
 
 def bound(kube: Kube, name: str) -> bool:
@@ -102,8 +104,10 @@ def vm_story(kube: Kube) -> None:
     vmi = kube.get(kinds.VMI, "trainer", NS)
     print("gpus:", ", ".join(f"{g['name']}={g['deviceName']}" for g in vmi["spec"]["domain"]["devices"]["gpus"]))
     pods = kube.list(kinds.POD, NS, label_selector=f"kubevirt.io/created-by={vmi['metadata']['uid']}")
-    print(f"VM trainer runs on {node}; its launcher pod {pods[0]['metadata']['name']} was bound there by "
-          f"kube-scheduler, pinned by the operator's pod webhook")  # fmt: skip
+    print(
+        f"VM trainer runs on {node}; its launcher pod {pods[0]['metadata']['name']} was bound there by "
+        f"kube-scheduler, pinned by the operator's pod webhook"
+    )
     show_devices(kube)
 
     say("the tenant stops the VM: the template GPU goes, train-a and train-b stay held on their node")
@@ -168,8 +172,11 @@ def main() -> int:
         kube = plane.kube()
         with_kubevirt = plane.kubevirt is not None
         print(f"API server {plane.server}; kubeconfig {kubeconfig}")
-        print("KubeVirt in the loop: virt-api, virt-controller, kube-scheduler, a fake kubelet" if with_kubevirt
-              else "KubeVirt's controllers are not running: VMIs are created directly")  # fmt: skip
+        print(
+            "KubeVirt in the loop: virt-api, virt-controller, kube-scheduler, a fake kubelet"
+            if with_kubevirt
+            else "KubeVirt's controllers are not running: VMIs are created directly"
+        )
 
         say("two fake GPU nodes with GPUs in status.allocatable, and a GPUClass")
         for name, count in (("gpu-a", 2), ("gpu-b", 6)):
@@ -219,11 +226,15 @@ def main() -> int:
 
             say("the operator's decisions, as it logged them")
             for event in operator.events("bind.answered"):
-                print(f"bind.answered {event['result']} node={event['node']} moved={event['moved']} "
-                      f"in {event['duration_ms']} ms")  # fmt: skip
+                print(
+                    f"bind.answered {event['result']} node={event['node']} moved={event['moved']} "
+                    f"in {event['duration_ms']} ms"
+                )
             for event in operator.events("vmi.admitted") + operator.events("vmi.refused"):
-                print(f"{event['event']} vmi={event['vmi']} {event.get('node') or event.get('reason')}"
-                      f" in {event['duration_ms']} ms")  # fmt: skip
+                print(
+                    f"{event['event']} vmi={event['vmi']} {event.get('node') or event.get('reason')}"
+                    f" in {event['duration_ms']} ms"
+                )
             if os.environ.get("DEMO_KEEP") == "1":
                 keep(kubeconfig, operator.log_path, server)
         finally:
@@ -248,8 +259,10 @@ def keep(kubeconfig: Path, log: Path, server: prometheus.Prometheus | None) -> N
     say("kept running until Ctrl-C: look around with any kubectl")
     print(f"kubectl --kubeconfig {kubeconfig} get gpudevices,gpunodes -A")
     if server is not None:
-        print(f"Prometheus: {server.url} (the chart's alerts at {server.url}/alerts; the dashboard's queries are in "
-              "charts/cozy-gpu-operator/files/dashboards/cozy-gpu-operator.json)")  # fmt: skip
+        print(
+            f"Prometheus: {server.url} (the chart's alerts at {server.url}/alerts; the dashboard's queries are in "
+            "charts/cozy-gpu-operator/files/dashboards/cozy-gpu-operator.json)"
+        )
     print(f"tail -f {log}", flush=True)
     with contextlib.suppress(KeyboardInterrupt):
         signal.pause()
@@ -257,9 +270,11 @@ def keep(kubeconfig: Path, log: Path, server: prometheus.Prometheus | None) -> N
 
 def second_look() -> None:
     rel = HERE.relative_to(Path.cwd()) if HERE.is_relative_to(Path.cwd()) else HERE
-    print(f"for a second look: the operator's log {rel}/operator.log (JSON lines), the control plane's logs "
-          f"{rel}/control-plane/*.log, its kubeconfig {rel}/kubeconfig (stopped now; `make demo DEMO_KEEP=1` keeps "
-          "it running until Ctrl-C)")  # fmt: skip
+    print(
+        f"for a second look: the operator's log {rel}/operator.log (JSON lines), the control plane's logs "
+        f"{rel}/control-plane/*.log, its kubeconfig {rel}/kubeconfig (stopped now; `make demo DEMO_KEEP=1` keeps "
+        "it running until Ctrl-C)"
+    )
 
 
 if __name__ == "__main__":

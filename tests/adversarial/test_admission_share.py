@@ -31,8 +31,9 @@ def waiting_operator(
     operator_kubeconfig: Path, control_plane: ControlPlane, tmp_path: Path
 ) -> Iterator[OperatorProcess]:
     """Webhooks with no binder, so every admission stays under way for its bind timeout; two per namespace."""
-    process = start_admitting_operator(operator_kubeconfig, tmp_path, "--no-binder", "--bind-timeout", "4",
-                                       "--max-admissions-per-namespace", "2")  # fmt: skip
+    process = start_admitting_operator(
+        operator_kubeconfig, tmp_path, "--no-binder", "--bind-timeout", "4", "--max-admissions-per-namespace", "2"
+    )
     yield process
     process.stop()
     unregister_webhooks(control_plane.kube())
@@ -56,9 +57,14 @@ def test_one_namespace_cannot_hold_more_than_its_share_of_admissions(
 
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         first = [pool.submit(create, mallory, f"v{i}") for i in range(2)]
-        wait_for("two admissions under way", lambda: all(
-            (kube.get_or_none(kinds.GPU_DEVICE, f"v{i}-gpu-0", a) or {}).get("status", {}).get("bindRequest")
-            for i in range(2)), timeout=10)  # fmt: skip
+        wait_for(
+            "two admissions under way",
+            lambda: all(
+                (kube.get_or_none(kinds.GPU_DEVICE, f"v{i}-gpu-0", a) or {}).get("status", {}).get("bindRequest")
+                for i in range(2)
+            ),
+            timeout=10,
+        )
         third = create(mallory, "v2")
         other = pool.submit(create, victim, "w0")
         assert f"namespace {a} has 2 VMI admissions with GPUs under way" in third

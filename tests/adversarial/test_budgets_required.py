@@ -34,8 +34,9 @@ def strict(
     control_plane: ControlPlane, operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     """The operator with its webhooks and --budgets-required."""
-    process = start_admitting_operator(operator_kubeconfig, tmp_path_factory.mktemp("strict"), "--bind-timeout", "5",
-                                       "--budgets-required")  # fmt: skip
+    process = start_admitting_operator(
+        operator_kubeconfig, tmp_path_factory.mktemp("strict"), "--bind-timeout", "5", "--budgets-required"
+    )
     yield process
     process.stop()
     unregister_webhooks(control_plane.kube())

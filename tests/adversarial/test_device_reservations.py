@@ -70,8 +70,9 @@ def race(tenant: Tenant, orders: list[tuple[str, int]], gpu: Gpu) -> list[str]:
 def admitted(kube: Kube, namespace: str, cls: str, count: int) -> bool:
     """Whether an order of `count` would be admitted now (a dry run): the operator's view has caught up."""
     try:
-        kube.create(kinds.GPU_DEVICE, gpu_device_body(f"probe-{uuid.uuid4().hex[:6]}", namespace, cls, count),
-                    dry_run=True)  # fmt: skip
+        kube.create(
+            kinds.GPU_DEVICE, gpu_device_body(f"probe-{uuid.uuid4().hex[:6]}", namespace, cls, count), dry_run=True
+        )
     except ApiError:
         return False
     return True

@@ -32,13 +32,19 @@ def bare_vmi(name: str, namespace: str, refs: list[dict[str, Any]]) -> Body:
     """A VMI a tenant creates itself (no VM), as KubeVirt would make it from vms.vm_body's template."""
     template = vms.vm_body(name, namespace, refs)["spec"]["template"]
     meta = {**template["metadata"], "name": name, "namespace": namespace}
-    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta,
-            "spec": template["spec"]}  # fmt: skip
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": meta,
+        "spec": template["spec"],
+    }
 
 
 def bound(kube: Kube, namespace: str, name: str) -> str:
-    body = wait_for(f"GPUDevice {name} Bound", lambda: (d := kube.get(kinds.GPU_DEVICE, name, namespace))
-                    .get("status", {}).get("phase") == "Bound" and d)  # fmt: skip
+    body = wait_for(
+        f"GPUDevice {name} Bound",
+        lambda: (d := kube.get(kinds.GPU_DEVICE, name, namespace)).get("status", {}).get("phase") == "Bound" and d,
+    )
     node: str = body["status"]["nodeName"]
     return node
 
@@ -49,8 +55,10 @@ def strip(kv: Kube, mallory: Tenant, name: str) -> tuple[str, str]:
     ns = mallory.namespace
     vmi, pod = vms.running(kv, ns, name)
     uid, launcher = vmi["metadata"]["uid"], pod["metadata"]["name"]
-    wait_for("the uid recorded", lambda: (kv.get(kinds.GPU_DEVICE, "keep", ns)["status"].get("attachedTo") or {})
-             .get("uid") == uid)  # fmt: skip
+    wait_for(
+        "the uid recorded",
+        lambda: (kv.get(kinds.GPU_DEVICE, "keep", ns)["status"].get("attachedTo") or {}).get("uid") == uid,
+    )
     kv.patch(kinds.POD, launcher, {"metadata": {"finalizers": [SLOW_KUBELET]}}, ns)
     mallory.kube.delete(kinds.VMI, name, ns)
     wait_for("the pod terminating", lambda: kv.get(kinds.POD, launcher, ns)["metadata"].get("deletionTimestamp"))
@@ -60,9 +68,13 @@ def strip(kv: Kube, mallory: Tenant, name: str) -> tuple[str, str]:
 
 
 def test_a_stripped_vmis_set_stays_until_its_guest_is_gone(
-    kv: Kube, kv_operator: OperatorProcess, kv_gpu: Gpu, kv_node: KVNodeFactory, kv_mallory: Tenant,
+    kv: Kube,
+    kv_operator: OperatorProcess,
+    kv_gpu: Gpu,
+    kv_node: KVNodeFactory,
+    kv_mallory: Tenant,
     kv_victim: Tenant,
-) -> None:  # fmt: skip
+) -> None:
     """§6.7: mallory deletes her bare VMI and strips its finalizers while its launcher still runs: the held device
     stays attached and the template device stays, so their units are given to no one (the victim's order for
     them waits); once the pod is gone, the held device is detached and the template one deleted."""
@@ -96,9 +108,13 @@ def launchers_use(kube: Kube, namespace: str, node: str, resource: str) -> int:
 
 
 def test_a_stripped_vmis_name_created_again_never_uses_its_units_twice(
-    kv: Kube, kv_operator: OperatorProcess, kv_gpu: Gpu, kv_node: KVNodeFactory, kv_mallory: Tenant,
+    kv: Kube,
+    kv_operator: OperatorProcess,
+    kv_gpu: Gpu,
+    kv_node: KVNodeFactory,
+    kv_mallory: Tenant,
     kv_victim: Tenant,
-) -> None:  # fmt: skip
+) -> None:
     """§6.7: after the strip, mallory creates the name again naming the same held device, on a node with room for
     a second launcher: the set's units are never counted for two guests (every unit a launcher uses is counted on
     the node), so the victim's order is never placed on units mallory's launchers use."""

@@ -47,8 +47,15 @@ def test_a_tenant_flooding_creates_its_quota_refuses_cannot_fill_the_ledger_for_
     gpu_node({gpu.resource: 8}, name=f"flood-{gpu.cls}")
     for tenant in (mallory, victim):
         kube.create(kinds.GPU_BUDGET, budget_body(tenant.namespace, total=100_000))
-    kube.create(QUOTA, {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "devices",
-                "namespace": mallory.namespace}, "spec": {"hard": {COUNT: "0"}}})  # fmt: skip
+    kube.create(
+        QUOTA,
+        {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "devices", "namespace": mallory.namespace},
+            "spec": {"hard": {COUNT: "0"}},
+        },
+    )
     quota = kube.get(QUOTA, "devices", mallory.namespace)  # no quota controller runs here: its status, as it writes it
     quota["status"] = {"hard": {COUNT: "0"}, "used": {COUNT: "0"}}
     kube.replace_status(QUOTA, quota)

@@ -41,9 +41,14 @@ def test_metrics_are_served_only_to_callers_allowed_to_get_them(
 
 
 def test_a_flood_of_made_up_tokens_costs_two_checks_at_a_time_and_admissions_go_on(
-    admitting: OperatorProcess, kube: Kube, mallory: Tenant, victim: Tenant, gpu: Gpu, gpu_node: GPUNodeFactory,
+    admitting: OperatorProcess,
+    kube: Kube,
+    mallory: Tenant,
+    victim: Tenant,
+    gpu: Gpu,
+    gpu_node: GPUNodeFactory,
     metrics_token: str,
-) -> None:  # fmt: skip
+) -> None:
     """§14.3, §14.4: 60 scrapes at once with made-up tokens are each answered 401, or 503 while two checks are
     already under way (the API client pool is the admissions' and the binder's); the victim's VMI is admitted
     meanwhile."""

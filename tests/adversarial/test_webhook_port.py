@@ -67,22 +67,40 @@ def own_cert(tmp_path: Path) -> tuple[str, str]:
 def review(hook: str, namespace: str, obj: Body, *, dry_run: bool = False, user: str = "mallory") -> Body:
     """An AdmissionReview of a CREATE as the API server would send it, for `obj` in `namespace`."""
     group, version, kind, resource = HOOKS[hook]
-    gvk, gvr = {"group": group, "version": version, "kind": kind}, {"group": group, "version": version,
-                                                                       "resource": resource}  # fmt: skip
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": str(uuid.uuid4()), "kind": gvk, "resource": gvr, "requestKind": gvk, "requestResource": gvr,
-        "operation": "CREATE", "namespace": namespace, "name": obj["metadata"]["name"],
-        "userInfo": {"username": user, "groups": ["system:authenticated"]},
-        "object": obj, "oldObject": None, "dryRun": dry_run}}  # fmt: skip
+    gvk, gvr = (
+        {"group": group, "version": version, "kind": kind},
+        {"group": group, "version": version, "resource": resource},
+    )
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": gvk,
+            "resource": gvr,
+            "requestKind": gvk,
+            "requestResource": gvr,
+            "operation": "CREATE",
+            "namespace": namespace,
+            "name": obj["metadata"]["name"],
+            "userInfo": {"username": user, "groups": ["system:authenticated"]},
+            "object": obj,
+            "oldObject": None,
+            "dryRun": dry_run,
+        },
+    }
 
 
 def forgeries(victim: Tenant, gpu: Gpu) -> dict[str, Body]:
     """Per hook, the object of a review that would act in the victim's namespace: a VMI `ghost` naming the
     victim's held device `d1` and a template entry, a launcher-like pod, a device order, a class and a budget."""
     ns = victim.namespace
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "ghost-launcher", "namespace": ns,
-           "labels": {"kubevirt.io": "virt-launcher"}},
-           "spec": {"containers": [{"name": "c", "resources": {"limits": {gpu.resource: "1"}}}]}}  # fmt: skip
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "ghost-launcher", "namespace": ns, "labels": {"kubevirt.io": "virt-launcher"}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {gpu.resource: "1"}}}]},
+    }
     return {
         webhooks.VMI_HOOK: vmi_body(
             "ghost", ns, [{"device": "d1"}, {"deviceTemplate": {"className": gpu.cls, "count": 1}}]
@@ -112,9 +130,17 @@ def untouched(kube: Kube, victim: Tenant) -> None:
 
 
 def test_a_review_without_the_api_servers_certificate_gets_no_answer_and_writes_nothing(
-    admitting: OperatorProcess, control_plane: ControlPlane, kube: Kube, port: Port, own_cert: tuple[str, str],
-    mallory: Tenant, victim: Tenant, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path,
-) -> None:  # fmt: skip
+    admitting: OperatorProcess,
+    control_plane: ControlPlane,
+    kube: Kube,
+    port: Port,
+    own_cert: tuple[str, str],
+    mallory: Tenant,
+    victim: Tenant,
+    gpu: Gpu,
+    gpu_node: GPUNodeFactory,
+    tmp_path: Path,
+) -> None:
     """§14.1: reviews posted straight to every hook for the victim's namespace (a VMI `ghost` naming its stopped
     held device, a pod, a device order against its budget, a class, a budget), with no client certificate or
     with one of a CA of the caller's own, get no answer: the TLS handshake turns them away; the device stays
@@ -140,9 +166,15 @@ def test_a_review_without_the_api_servers_certificate_gets_no_answer_and_writes_
 
 
 def test_a_review_whose_namespaces_differ_is_refused_and_writes_nothing(
-    admitting: OperatorProcess, kube: Kube, port: Port, api_server_cert: tuple[str, str], mallory: Tenant,
-    victim: Tenant, gpu: Gpu, gpu_node: GPUNodeFactory,
-) -> None:  # fmt: skip
+    admitting: OperatorProcess,
+    kube: Kube,
+    port: Port,
+    api_server_cert: tuple[str, str],
+    mallory: Tenant,
+    victim: Tenant,
+    gpu: Gpu,
+    gpu_node: GPUNodeFactory,
+) -> None:
     """§14.1: even from a caller with the API server's certificate, a review whose request names mallory's
     namespace while its object is in the victim's is a 400 for every hook: the victim's device is not
     attached to `ghost`, no template device is made there, no order is reserved against its budget."""

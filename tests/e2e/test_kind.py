@@ -64,14 +64,22 @@ def _kind_version(cluster: Any) -> tuple[int, ...]:
 
 
 def _pod(name: str, namespace: str, labels: dict[str, str], args: list[str], **container: Any) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": labels},
-            "spec": {"containers": [{"name": name, "image": AGNHOST, "args": args, **container}]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"containers": [{"name": name, "image": AGNHOST, "args": args, **container}]},
+    }
 
 
 def _render(namespace: str, *values: str) -> list[dict[str, Any]]:
     helm, chart = binaries.find(("helm",)) / "helm", binaries.repo_root() / "charts" / "cozy-gpu-operator"
-    out = subprocess.run([str(helm), "template", namespace, str(chart), "--namespace", namespace, *values],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [str(helm), "template", namespace, str(chart), "--namespace", namespace, *values],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -89,37 +97,60 @@ def test_the_charts_network_policy_fences_the_operators_ports_on_kind(
         pytest.skip(f"kind {version} does not enforce NetworkPolicy (kindnet does from v0.24.0): set KIND_VERSION")
     pod = kinds.kind("Pod")
     for namespace in (FENCE, "monitoring", "tenant", "apiserver"):
-        kind_kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace",
-                                               "metadata": {"name": namespace}})  # fmt: skip
+        kind_kube.put_object(
+            kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        )
     deployment = next(d for d in _render(FENCE, "--set", "networkPolicy.enabled=false") if d["kind"] == "Deployment")
     [operator] = deployment["spec"]["template"]["spec"]["containers"]
     ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
     probe = {"tcpSocket": {"port": operator["readinessProbe"]["httpGet"]["port"]}, "periodSeconds": 2}
-    kind_kube.create(pod, _pod("operator", FENCE, deployment["spec"]["template"]["metadata"]["labels"], ["porter"],
-                               env=[{"name": f"SERVE_PORT_{n}", "value": name} for name, n in ports.items()],
-                               ports=operator["ports"], readinessProbe=probe))  # fmt: skip
+    kind_kube.create(
+        pod,
+        _pod(
+            "operator",
+            FENCE,
+            deployment["spec"]["template"]["metadata"]["labels"],
+            ["porter"],
+            env=[{"name": f"SERVE_PORT_{n}", "value": name} for name, n in ports.items()],
+            ports=operator["ports"],
+            readinessProbe=probe,
+        ),
+    )
     for namespace in ("monitoring", "tenant", "apiserver"):
         kind_kube.create(pod, _pod("client", namespace, {}, ["pause"]))
 
     def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(cluster.kubectl_path), *args], capture_output=True, text=True, check=False,
-                              env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)})  # fmt: skip
+        return subprocess.run(
+            [str(cluster.kubectl_path), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)},
+        )
 
-    for namespace, name in ((FENCE, "operator"), ("monitoring", "client"), ("tenant", "client"),
-                            ("apiserver", "client")):  # fmt: skip
+    for namespace, name in (
+        (FENCE, "operator"),
+        ("monitoring", "client"),
+        ("tenant", "client"),
+        ("apiserver", "client"),
+    ):
         done = kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n", namespace, "--timeout=300s")
         assert done.returncode == 0, done.stderr
     server = kind_kube.get(pod, "operator", FENCE)["status"]["podIP"]
     apiserver = kind_kube.get(pod, "client", "apiserver")["status"]["podIP"]
 
     def reaches(namespace: str, port: str) -> bool:
-        done = kubectl("exec", "-n", namespace, "client", "--", "/agnhost", "connect", f"{server}:{ports[port]}",
-                       "--timeout=3s")  # fmt: skip
+        done = kubectl(
+            "exec", "-n", namespace, "client", "--", "/agnhost", "connect", f"{server}:{ports[port]}", "--timeout=3s"
+        )
         return done.returncode == 0
 
     assert reaches("tenant", "webhook"), "without the policy the port is open: the check below means something"
-    [policy] = [d for d in _render(FENCE, "--set", f"networkPolicy.apiServer.cidrs={{{apiserver}/32}}")
-                if d["kind"] == "NetworkPolicy"]  # fmt: skip
+    [policy] = [
+        d
+        for d in _render(FENCE, "--set", f"networkPolicy.apiServer.cidrs={{{apiserver}/32}}")
+        if d["kind"] == "NetworkPolicy"
+    ]
     kind_kube.create(kinds.kind("NetworkPolicy"), policy)
     try:
         wait_for("the policy enforced", lambda: not reaches("tenant", "webhook"), timeout=120)

@@ -104,8 +104,12 @@ def image() -> str:
 
 def render(*values: str) -> list[dict[str, Any]]:
     helm = binaries.find(("helm",)) / "helm"
-    done = subprocess.run([str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *values],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *values],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
@@ -155,8 +159,9 @@ def uninstall(kube: Kube, docs: list[dict[str, Any]]) -> None:
 def environment(spec: dict[str, Any], plane: ControlPlane) -> dict[str, str]:
     """The chart's env with the downward API resolved, and what a kubelet adds for in-cluster clients."""
     fields = {"metadata.name": POD, "metadata.namespace": NAMESPACE}
-    env = {e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]]
-           for e in spec["env"]}  # fmt: skip
+    env = {
+        e["name"]: e["value"] if "value" in e else fields[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in spec["env"]
+    }
     host, port = plane.server.removeprefix("https://").rsplit(":", 1)
     return {**env, "KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
 
@@ -177,8 +182,11 @@ def deployed(
     image_config = config(image)
     volumes = {m["name"]: m["mountPath"] for m in spec["volumeMounts"]}
     assert set(volumes) == {"tls", "tmp", "client-ca"}, "a new volume in the chart: mount it here too"
-    [client_ca] = [v["configMap"]["name"] for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
-                   if v["name"] == "client-ca"]  # fmt: skip
+    [client_ca] = [
+        v["configMap"]["name"]
+        for v in one(docs, "Deployment")["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == "client-ca"
+    ]
     install(kube, docs, webhook_port)
     container: Container | None = None
     try:
@@ -187,12 +195,15 @@ def deployed(
         mounts = {
             volumes["tls"]: write_volume(where / "tls", {k: base64.b64decode(v) for k, v in secret.items()}),
             volumes["client-ca"]: write_volume(where / "client-ca", {k: v.encode() for k, v in ca_files.items()}),
-            SA_DIR: write_volume(where / "serviceaccount", {
-                "token": kube.request_token(NAMESPACE, RELEASE).encode(),
-                "ca.crt": control_plane.ca.cert_pem,
-                "namespace": NAMESPACE.encode(),
-            }),
-        }  # fmt: skip
+            SA_DIR: write_volume(
+                where / "serviceaccount",
+                {
+                    "token": kube.request_token(NAMESPACE, RELEASE).encode(),
+                    "ca.crt": control_plane.ca.cert_pem,
+                    "namespace": NAMESPACE.encode(),
+                },
+            ),
+        }
         container = Container(image, mounts, environment(spec, control_plane))
         deployed = Deployed(image, image_config, docs, container, where / "operator.log")
         # First a short run with the same mounts, so their mount points exist before the snapshot.
@@ -247,9 +258,15 @@ def test_the_image_user_is_numeric_and_not_root(deployed: Deployed) -> None:
 
 def test_the_image_holds_the_operator_and_nothing_to_build_it(deployed: Deployed) -> None:
     """No source tree, wheels, pip or build venv: only the operator's venv with its dependencies."""
-    answer = deployed.container.run(["/opt/cozygpu/bin/python", "-c", "import importlib.util as u, os; print("
-                                     "[p for p in ('/src', '/wheels', '/build') if os.path.exists(p)],"
-                                     "[m for m in ('pip', 'setuptools', 'wheel') if u.find_spec(m)])"])  # fmt: skip
+    answer = deployed.container.run(
+        [
+            "/opt/cozygpu/bin/python",
+            "-c",
+            "import importlib.util as u, os; print("
+            "[p for p in ('/src', '/wheels', '/build') if os.path.exists(p)],"
+            "[m for m in ('pip', 'setuptools', 'wheel') if u.find_spec(m)])",
+        ]
+    )
     assert answer.returncode == 0, answer.stderr
     assert answer.stdout.strip() == "[] []"
 
@@ -277,11 +294,13 @@ def test_metrics_are_served_on_the_services_http_port_to_the_charts_metrics_read
     kube.put_object(kinds.kind("ClusterRole"), reader)
     account = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "scraper", "namespace": NAMESPACE}}
     kube.put_object(kinds.kind("ServiceAccount"), account)
-    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-               "metadata": {"name": "scraper"}, "subjects": [{"kind": "ServiceAccount", "name": "scraper",
-                                                               "namespace": NAMESPACE}],
-               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                           "name": reader["metadata"]["name"]}}  # fmt: skip
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "scraper"},
+        "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": NAMESPACE}],
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader["metadata"]["name"]},
+    }
     kube.put_object(kinds.kind("ClusterRoleBinding"), binding)
     try:
         token = kube.request_token(NAMESPACE, "scraper")
@@ -293,8 +312,9 @@ def test_metrics_are_served_on_the_services_http_port_to_the_charts_metrics_read
         kube.delete(kinds.kind("ClusterRole"), reader["metadata"]["name"])
 
 
-def webhook_call(deployed: Deployed, path: str, review: dict[str, Any], client: tls.KeyPair | None,
-                 directory: Path) -> dict[str, Any]:  # fmt: skip
+def webhook_call(
+    deployed: Deployed, path: str, review: dict[str, Any], client: tls.KeyPair | None, directory: Path
+) -> dict[str, Any]:
     """A review POSTed straight to the Service's webhook targetPort, as any pod that reaches the port could: TLS
     verified with the chart's CA for the Service's DNS name, presenting `client`'s certificate or none."""
     [hook] = [p for p in one(deployed.docs, "Service")["spec"]["ports"] if p["name"] == "webhook"]
@@ -358,11 +378,22 @@ def test_only_the_api_servers_client_certificate_is_answered(
     ]
 
     def review(dry_run: bool) -> dict[str, Any]:
-        return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-            "uid": str(uuid.uuid4()), "operation": "CREATE", "namespace": namespace, "name": "ghost",
-            "kind": {"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachineInstance"},
-            "resource": {"group": "kubevirt.io", "version": "v1", "resource": "virtualmachineinstances"},
-            "userInfo": {"username": "mallory"}, "object": vmi, "oldObject": None, "dryRun": dry_run}}  # fmt: skip
+        return {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": str(uuid.uuid4()),
+                "operation": "CREATE",
+                "namespace": namespace,
+                "name": "ghost",
+                "kind": {"group": "kubevirt.io", "version": "v1", "kind": "VirtualMachineInstance"},
+                "resource": {"group": "kubevirt.io", "version": "v1", "resource": "virtualmachineinstances"},
+                "userInfo": {"username": "mallory"},
+                "object": vmi,
+                "oldObject": None,
+                "dryRun": dry_run,
+            },
+        }
 
     for caller in (None, tls.Authority("not the API server's CA").client("kube-apiserver-webhook-client")):
         with pytest.raises((ssl.SSLError, ConnectionError)):

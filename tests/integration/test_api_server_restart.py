@@ -34,11 +34,14 @@ def test_the_operator_is_ready_again_soon_after_its_api_server_comes_back(
     kube.create(kinds.GPU_DEVICE, gpu_device_body("before", namespace, gpu.cls))
     # A term of 60 s: an 8 s outage must not cost the Lease (two thirds of a term without a renewal would, §10,
     # and then the process rightly ends rather than recovering).
-    process = start_operator(operator_kubeconfig, tmp_path, "--no-webhooks", "--sweep-interval", "600",
-                             "--lease-duration", "60")  # fmt: skip
+    process = start_operator(
+        operator_kubeconfig, tmp_path, "--no-webhooks", "--sweep-interval", "600", "--lease-duration", "60"
+    )
     try:
-        wait_for("the first device Bound", lambda: (kube.get(kinds.GPU_DEVICE, "before", namespace).get("status")
-                 or {}).get("nodeName") == node)  # fmt: skip
+        wait_for(
+            "the first device Bound",
+            lambda: (kube.get(kinds.GPU_DEVICE, "before", namespace).get("status") or {}).get("nodeName") == node,
+        )
         wait_for("the first periodic resync", lambda: process.events("view.resynced")[1:], timeout=20)
         control_plane.restart_apiserver(down=8)
         kube.delete(kinds.GPU_DEVICE, "before", namespace)  # while the operator's watches are still broken

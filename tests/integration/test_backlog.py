@@ -82,8 +82,11 @@ def test_a_vmi_is_admitted_while_another_tenants_unplaceable_backlog_churns(
                 for i in range(CHURN):
                     name = f"churn-{i}"
                     kube.create(kinds.GPU_DEVICE, gpu_device_body(name, a, gpu.cls))
-                    wait_for(f"{name} Bound", lambda n=name: (kube.get(kinds.GPU_DEVICE, n, a).get("status") or {})
-                             .get("phase") == "Bound", timeout=30)  # fmt: skip
+                    wait_for(
+                        f"{name} Bound",
+                        lambda n=name: (kube.get(kinds.GPU_DEVICE, n, a).get("status") or {}).get("phase") == "Bound",
+                        timeout=30,
+                    )
                     kube.delete(kinds.GPU_DEVICE, name, a)
             except BaseException as e:
                 failures.append(e)
@@ -101,8 +104,11 @@ def test_a_vmi_is_admitted_while_another_tenants_unplaceable_backlog_churns(
         assert admitted == [[{"name": "gpudev0-0", "deviceName": gpu.resource}]] * 5
         spent = decisions(admitting, metrics_token) - start
         assert CHURN <= spent <= 2 * CHURN, spent
-        after = {d["metadata"]["name"]: d["metadata"]["resourceVersion"] for d in kube.list(kinds.GPU_DEVICE, a)
-                 if d["metadata"]["name"].startswith("w")}  # fmt: skip
+        after = {
+            d["metadata"]["name"]: d["metadata"]["resourceVersion"]
+            for d in kube.list(kinds.GPU_DEVICE, a)
+            if d["metadata"]["name"].startswith("w")
+        }
         assert after == before
     finally:
         for ns in (a, b):

@@ -36,8 +36,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def operator(operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The operator without webhooks, resyncing its view only at start and 5 s in (then every ten minutes)."""
-    process = start_operator(operator_kubeconfig, tmp_path_factory.mktemp("binder"), "--no-webhooks",
-                             "--sweep-interval", "600")  # fmt: skip
+    process = start_operator(
+        operator_kubeconfig, tmp_path_factory.mktemp("binder"), "--no-webhooks", "--sweep-interval", "600"
+    )
     yield process
     process.stop()
 
@@ -119,17 +120,29 @@ def test_taints_cordon_not_ready_and_node_selector_are_respected(
     resource, cls = f"example.com/gpu-{tag}", f"cls-{tag}"
     kube.create(
         kinds.GPU_CLASS,
-        gpu_class_body(cls, resource, nodeSelector={"pool": tag},
-                       tolerations=[{"key": "gpu-only", "operator": "Exists", "effect": "NoSchedule"}]),
-    )  # fmt: skip
+        gpu_class_body(
+            cls,
+            resource,
+            nodeSelector={"pool": tag},
+            tolerations=[{"key": "gpu-only", "operator": "Exists", "effect": "NoSchedule"}],
+        ),
+    )
     labels = {"pool": tag}
     gpu_node({resource: 8}, labels=labels, name=f"a-notready-{tag}", ready=False)
     gpu_node({resource: 8}, labels=labels, name=f"b-cordoned-{tag}", unschedulable=True)
-    gpu_node({resource: 8}, labels=labels, name=f"c-tainted-{tag}",
-             taints=[{"key": "other", "value": "x", "effect": "NoExecute"}])  # fmt: skip
+    gpu_node(
+        {resource: 8},
+        labels=labels,
+        name=f"c-tainted-{tag}",
+        taints=[{"key": "other", "value": "x", "effect": "NoExecute"}],
+    )
     gpu_node({resource: 8}, name=f"d-unlabelled-{tag}")
-    good = gpu_node({resource: 1}, labels=labels, name=f"e-good-{tag}",
-                    taints=[{"key": "gpu-only", "value": "", "effect": "NoSchedule"}])  # fmt: skip
+    good = gpu_node(
+        {resource: 1},
+        labels=labels,
+        name=f"e-good-{tag}",
+        taints=[{"key": "gpu-only", "value": "", "effect": "NoSchedule"}],
+    )
     template_device(kube, namespace, "vm-gpu-0", cls)
     rid = write_request(kube, namespace, ["vm-gpu-0"], "vm")
     [answered] = answer_of(kube, namespace, ["vm-gpu-0"], rid)
@@ -306,9 +319,13 @@ def test_concurrent_orders_never_exceed_a_budget(
     gpu_node({gpu.resource: 20}, name=f"wide-{gpu.cls}")
     kube.create(
         kinds.GPU_BUDGET,
-        {"apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUBudget",
-         "metadata": {"name": "cap", "namespace": namespace}, "spec": {"limits": {gpu.cls: 5}}},
-    )  # fmt: skip
+        {
+            "apiVersion": "gpu.cozystack.io/v1alpha1",
+            "kind": "GPUBudget",
+            "metadata": {"name": "cap", "namespace": namespace},
+            "spec": {"limits": {gpu.cls: 5}},
+        },
+    )
     budget_seen(kube, namespace, "cap")  # by the operator's view, not only the API server
     names = [f"vm{i}-gpu-0" for i in range(10)]
     for name in names:

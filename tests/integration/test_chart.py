@@ -69,8 +69,9 @@ def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[
 
 
 def without_client(config: dict[str, Any]) -> list[dict[str, Any]]:
-    return sorted(({k: v for k, v in w.items() if k != "clientConfig"} for w in config["webhooks"]),
-                  key=lambda w: w["name"])  # fmt: skip
+    return sorted(
+        ({k: v for k, v in w.items() if k != "clientConfig"} for w in config["webhooks"]), key=lambda w: w["name"]
+    )
 
 
 def test_the_no_bypass_policies_are_the_ones_the_operator_registers_itself(helm: Path) -> None:
@@ -188,11 +189,27 @@ def test_every_rendered_object_is_accepted_by_the_api_server(helm: Path, kube: K
     release = namespace = "chart-check"
     kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     docs = render(helm, release=release, namespace=namespace)
-    expected = ["ServiceAccount", "Secret", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
-                "ClusterRoleBinding",
-                "Role", "RoleBinding", "Service", "Deployment", "PodDisruptionBudget", "MutatingWebhookConfiguration",
-                "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicy",
-                "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding", "NetworkPolicy"]  # fmt: skip
+    expected = [
+        "ServiceAccount",
+        "Secret",
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Role",
+        "RoleBinding",
+        "Service",
+        "Deployment",
+        "PodDisruptionBudget",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingAdmissionPolicyBinding",
+        "NetworkPolicy",
+    ]
     assert sorted(d["kind"] for d in docs) == sorted(expected)
     for doc in docs:
         kind = kinds.kind(doc["kind"])
@@ -223,8 +240,10 @@ def test_two_replicas_by_default_upgraded_one_at_a_time(helm: Path) -> None:
     docs = render(helm)
     deployment = one(docs, "Deployment")
     assert deployment["spec"]["replicas"] == 2
-    assert deployment["spec"]["strategy"] == {"type": "RollingUpdate",
-                                              "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}  # fmt: skip
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
     spec = pod_spec(docs)
     [container] = spec["containers"]
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
@@ -245,8 +264,10 @@ def test_each_replica_is_its_own_pod_in_the_lease(helm: Path) -> None:
     lives in the pod's namespace under a name every replica shares."""
     [container] = pod_spec(render(helm, "--set", "replicas=3"))["containers"]
     from_pod = {e["name"]: e["valueFrom"] for e in container["env"] if "valueFrom" in e}
-    assert from_pod == {"COZYGPU_IDENTITY": {"fieldRef": {"fieldPath": "metadata.name"}},
-                        "COZYGPU_LEASE_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}}}  # fmt: skip
+    assert from_pod == {
+        "COZYGPU_IDENTITY": {"fieldRef": {"fieldPath": "metadata.name"}},
+        "COZYGPU_LEASE_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    }
     assert "COZYGPU_LEASE_NAME" not in {e["name"] for e in container["env"]}  # one Lease for all of them
 
 
@@ -275,15 +296,28 @@ def test_replicas_spread_across_nodes_where_they_can(helm: Path) -> None:
     it, and `affinity` passes through."""
     spec = pod_spec(render(helm))
     selector = one(render(helm), "Deployment")["spec"]["selector"]
-    assert spec["topologySpreadConstraints"] == [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-                                                  "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": selector,
-                                                  "matchLabelKeys": ["pod-template-hash"]}]  # fmt: skip
+    assert spec["topologySpreadConstraints"] == [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": selector,
+            "matchLabelKeys": ["pod-template-hash"],
+        }
+    ]
     zone = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}
     own = {**zone, "labelSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["x"]}]}}
     no_gpu = {"weight": 1, "preference": {"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}}
     affinity = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [no_gpu]}}
-    spec = pod_spec(render(helm, "--set-json", f"topologySpreadConstraints={json.dumps([zone, own])}",
-                           "--set-json", f"affinity={json.dumps(affinity)}"))  # fmt: skip
+    spec = pod_spec(
+        render(
+            helm,
+            "--set-json",
+            f"topologySpreadConstraints={json.dumps([zone, own])}",
+            "--set-json",
+            f"affinity={json.dumps(affinity)}",
+        )
+    )
     assert spec["topologySpreadConstraints"] == [{**zone, "labelSelector": selector}, own]
     assert spec["affinity"] == affinity
     assert "topologySpreadConstraints" not in pod_spec(render(helm, "--set-json", "topologySpreadConstraints=[]"))
@@ -295,13 +329,26 @@ def test_the_replica_settings_are_accepted_by_the_api_server(helm: Path, kube: K
     namespace = "chart-replicas-check"
     kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     zone = {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
-    apart = {"topologyKey": "kubernetes.io/hostname",
-             "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": namespace}}}  # fmt: skip
-    affinity = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-        {"weight": 100, "podAffinityTerm": apart}]}}  # fmt: skip
-    forms = [("--set", "replicas=3", "--set-json", f"topologySpreadConstraints={json.dumps([zone])}",
-              "--set-json", f"affinity={json.dumps(affinity)}"),
-             ("--set", "replicas=1", "--set", "preStopSleepSeconds=0")]  # fmt: skip
+    apart = {
+        "topologyKey": "kubernetes.io/hostname",
+        "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": namespace}},
+    }
+    affinity = {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": apart}]
+        }
+    }
+    forms = [
+        (
+            "--set",
+            "replicas=3",
+            "--set-json",
+            f"topologySpreadConstraints={json.dumps([zone])}",
+            "--set-json",
+            f"affinity={json.dumps(affinity)}",
+        ),
+        ("--set", "replicas=1", "--set", "preStopSleepSeconds=0"),
+    ]
     for values in forms:
         docs = render(helm, *values, release=namespace, namespace=namespace)
         for doc in docs:
@@ -349,16 +396,18 @@ def test_the_operator_serves_the_charts_certificate_in_cluster_mode(
     for name in ("tls.crt", "tls.key"):
         (certs / name).write_bytes(base64.b64decode(secret["data"][name]))
     port = free_port()
-    operator = OperatorProcess(operator_kubeconfig, tmp_path / "operator.log", "--webhook-port", str(port),
-                               "--webhook-cert-dir", str(certs)).start()  # fmt: skip
+    operator = OperatorProcess(
+        operator_kubeconfig, tmp_path / "operator.log", "--webhook-port", str(port), "--webhook-cert-dir", str(certs)
+    ).start()
     try:
         context = ssl.create_default_context(cadata=base64.b64decode(secret["data"]["ca.crt"]).decode())
         raw = socket.create_connection(("127.0.0.1", port), timeout=10)
         # The API server dials the Service; the certificate must hold for that name, not for where it runs.
         conn = http.client.HTTPSConnection(f"{RELEASE}.{NAMESPACE}.svc", port, context=context)
         conn.sock = context.wrap_socket(raw, server_hostname=f"{RELEASE}.{NAMESPACE}.svc")
-        conn.request("POST", "/gpudevice", _gpudevice_review("t", "no-such-class"),
-                     {"Content-Type": "application/json"})  # fmt: skip
+        conn.request(
+            "POST", "/gpudevice", _gpudevice_review("t", "no-such-class"), {"Content-Type": "application/json"}
+        )
         answer = json.loads(conn.getresponse().read())["response"]
         assert answer["allowed"] is False
         assert "GPUClass no-such-class does not exist" in answer["status"]["message"]
@@ -412,8 +461,10 @@ def test_a_webhook_client_ca_value_makes_the_operator_require_it(helm: Path) -> 
 
 # -- the NetworkPolicy (§14.1; issue 19 item 1, issue 23 item 3) -----------------------------------------------------
 
-KONNECTIVITY = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
-                "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}}}  # fmt: skip
+KONNECTIVITY = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+    "podSelector": {"matchLabels": {"k8s-app": "konnectivity-agent"}},
+}
 
 
 def container_ports(docs: list[dict[str, Any]]) -> dict[str, int]:
@@ -438,9 +489,15 @@ def test_the_network_policy_admits_the_api_server_to_the_webhook_and_monitoring_
     to) from the API server's CIDRs and peers, and the http port (metrics; the probes' port) from the monitoring
     namespace, narrowed by a pod selector when one is given. Every container port has a rule."""
     prometheus = {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
-    docs = render(helm, "--set", "networkPolicy.apiServer.cidrs={10.0.0.2/32,10.0.0.3/32}",
-                  "--set-json", f"networkPolicy.apiServer.peers={json.dumps([KONNECTIVITY])}",
-                  "--set-json", f"networkPolicy.metrics.podSelector={json.dumps(prometheus)}")  # fmt: skip
+    docs = render(
+        helm,
+        "--set",
+        "networkPolicy.apiServer.cidrs={10.0.0.2/32,10.0.0.3/32}",
+        "--set-json",
+        f"networkPolicy.apiServer.peers={json.dumps([KONNECTIVITY])}",
+        "--set-json",
+        f"networkPolicy.metrics.podSelector={json.dumps(prometheus)}",
+    )
     policy, deployment = one(docs, "NetworkPolicy"), one(docs, "Deployment")
     assert policy["metadata"]["name"] == RELEASE
     assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
@@ -458,8 +515,11 @@ def test_the_network_policy_admits_the_api_server_to_the_webhook_and_monitoring_
     assert {container[p]["httpGet"]["port"] for p in ("readinessProbe", "livenessProbe")} == {"http"}
     rules = rules_by_port(policy)
     assert set(rules) == set(ports.values())
-    assert rules[ports["webhook"]] == [{"ipBlock": {"cidr": "10.0.0.2/32"}}, {"ipBlock": {"cidr": "10.0.0.3/32"}},
-                                       KONNECTIVITY]  # fmt: skip
+    assert rules[ports["webhook"]] == [
+        {"ipBlock": {"cidr": "10.0.0.2/32"}},
+        {"ipBlock": {"cidr": "10.0.0.3/32"}},
+        KONNECTIVITY,
+    ]
     monitoring = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
     assert rules[ports["http"]] == [{"namespaceSelector": monitoring, "podSelector": prometheus}]
     # The default: the whole monitoring namespace.
@@ -473,12 +533,20 @@ def test_without_the_api_servers_addresses_or_a_client_ca_the_chart_refuses_to_r
     lint` logs a template's `fail` and passes: lint runs without the install's values). With a client CA
     and no addresses the webhook port is open to all (the TLS handshake is the fence) while metrics stay fenced;
     with the policy off nothing of it renders."""
-    done = subprocess.run([str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE],
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode != 0, done.stdout
     assert "nothing admits the API server to the webhook port" in done.stderr
-    for value in ("networkPolicy.apiServer.cidrs", "networkPolicy.apiServer.peers", "webhookClientCA",
-                  "networkPolicy.enabled=false"):  # fmt: skip
+    for value in (
+        "networkPolicy.apiServer.cidrs",
+        "networkPolicy.apiServer.peers",
+        "webhookClientCA",
+        "networkPolicy.enabled=false",
+    ):
         assert value in done.stderr
     pem = tls.Authority("an API server's webhook client CA").cert_pem.decode()
     docs = render(helm, "--set-string", f"webhookClientCA={pem}", fence=())
@@ -499,12 +567,20 @@ def test_the_network_policy_is_accepted_by_the_api_server(helm: Path, kube: Kube
     kube.put_object(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     pem = tls.Authority("an API server's webhook client CA").cert_pem.decode()
     forms = [
-        (API_SERVER, ("--set", "networkPolicy.apiServer.cidrs={10.0.0.2/32,fd00::1/128}",
-                      "--set-json", f"networkPolicy.apiServer.peers={json.dumps([KONNECTIVITY])}",
-                      "--set-json", 'networkPolicy.metrics.podSelector={"matchLabels":{"app":"prometheus"}}')),
+        (
+            API_SERVER,
+            (
+                "--set",
+                "networkPolicy.apiServer.cidrs={10.0.0.2/32,fd00::1/128}",
+                "--set-json",
+                f"networkPolicy.apiServer.peers={json.dumps([KONNECTIVITY])}",
+                "--set-json",
+                'networkPolicy.metrics.podSelector={"matchLabels":{"app":"prometheus"}}',
+            ),
+        ),
         ((), ("--set-string", f"webhookClientCA={pem}")),
         (API_SERVER, ("--set", "networkPolicy.metrics.namespaceSelector=null")),
-    ]  # fmt: skip
+    ]
     seen = []
     for fence, values in forms:
         policy = one(render(helm, *values, release=namespace, namespace=namespace, fence=fence), "NetworkPolicy")

@@ -84,16 +84,29 @@ def pods() -> Iterator[list[OperatorProcess]]:
 
 def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> str:
     binary = binaries.find(("kubectl",)) / "kubectl"
-    done = subprocess.run([str(binary), "--kubeconfig", str(plane.kubeconfig_path), *args], input=stdin,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(binary), "--kubeconfig", str(plane.kubeconfig_path), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
 def install(helm: Helm, chart: Path, address: str, verb: str = "install") -> str:
     """helm install (or upgrade) into the release namespace, the API server's calls coming from this host."""
-    return helm.run(verb, RELEASE, str(chart), "--namespace", NAMESPACE, "--create-namespace",
-                    "--set", f"networkPolicy.apiServer.cidrs={{{address}/32}}")  # fmt: skip
+    return helm.run(
+        verb,
+        RELEASE,
+        str(chart),
+        "--namespace",
+        NAMESPACE,
+        "--create-namespace",
+        "--set",
+        f"networkPolicy.apiServer.cidrs={{{address}/32}}",
+    )
 
 
 def released(helm: Helm) -> list[dict[str, Any]]:
@@ -125,9 +138,10 @@ def tenant(kube: Kube) -> str:
 
 def bound(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
     """The device's status once the binder has placed it."""
-    return wait_for(f"GPUDevice {namespace}/{name} Bound",
-                    lambda: (s := kube.get(kinds.GPU_DEVICE, name, namespace).get("status", {})).get("phase") == "Bound"
-                    and s)  # fmt: skip
+    return wait_for(
+        f"GPUDevice {namespace}/{name} Bound",
+        lambda: (s := kube.get(kinds.GPU_DEVICE, name, namespace).get("status", {})).get("phase") == "Bound" and s,
+    )
 
 
 def leader(kube: Kube) -> str | None:
@@ -158,10 +172,18 @@ def test_install_creates_the_crds_and_every_object_and_the_charts_rbac_suffices(
         crd = kube.get(kinds.CRD, ours["metadata"]["name"])
         assert schema_of(crd) == served(schema_of(ours))
         assert {"type": "Established", "status": "True"}.items() <= next(
-            c for c in crd["status"]["conditions"] if c["type"] == "Established").items()  # fmt: skip
+            c for c in crd["status"]["conditions"] if c["type"] == "Established"
+        ).items()
     docs = released(helm)
-    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "Secret", "ClusterRole", "Role",
-                                         "MutatingWebhookConfiguration", "ValidatingAdmissionPolicy"}  # fmt: skip
+    assert {d["kind"] for d in docs} >= {
+        "Deployment",
+        "Service",
+        "Secret",
+        "ClusterRole",
+        "Role",
+        "MutatingWebhookConfiguration",
+        "ValidatingAdmissionPolicy",
+    }
     assert all(stored(kube, d) is not None for d in docs), [d["metadata"]["name"] for d in docs if not stored(kube, d)]
     ca = kube.get(kinds.kind("Secret"), f"{RELEASE}-webhook-tls", NAMESPACE)["data"]["ca.crt"]
     for kind in WEBHOOKS:
@@ -170,8 +192,10 @@ def test_install_creates_the_crds_and_every_object_and_the_charts_rbac_suffices(
 
     pods.append(start_pod(plane, RELEASE, NAMESPACE, "pod-a", address, tmp_path / "pod-a"))
     wait_for("pod-a to lead", lambda: leader(kube) == "pod-a")
-    wait_for("the managed resources ConfigMap",
-             lambda: kube.get_or_none(kinds.kind("ConfigMap"), "cozy-gpu-managed-resources", NAMESPACE))  # fmt: skip
+    wait_for(
+        "the managed resources ConfigMap",
+        lambda: kube.get_or_none(kinds.kind("ConfigMap"), "cozy-gpu-managed-resources", NAMESPACE),
+    )
     gpu, namespace = fresh_gpu(), tenant(kube)
     kube.create(kinds.GPU_CLASS, gpu_class_body(gpu.cls, gpu.resource))  # through the validating webhook
     with pytest.raises(ApiError, match="GPUClass no-such-class does not exist"):
@@ -223,9 +247,12 @@ def test_upgrade_from_the_previous_chart_keeps_the_certificate_and_the_held_devi
     kube.create(kinds.GPU_DEVICE, gpu_device_body("held", namespace, gpu.cls))
     bound(kube, namespace, "held")
     kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "held"}]))
-    holding = held(wait_for("the device attached to its VMI",
-                            lambda: (s := kube.get(kinds.GPU_DEVICE, "held", namespace)["status"]).get("attachedTo")
-                            and s))  # fmt: skip
+    holding = held(
+        wait_for(
+            "the device attached to its VMI",
+            lambda: (s := kube.get(kinds.GPU_DEVICE, "held", namespace)["status"]).get("attachedTo") and s,
+        )
+    )
     assert holding == ("Bound", node, "vm")
     secret = kube.get(kinds.kind("Secret"), f"{RELEASE}-webhook-tls", NAMESPACE)["data"]
     before = {kind: kube.get(kind, configuration(kind, previous=True))["webhooks"] for kind in WEBHOOKS}
@@ -235,8 +262,10 @@ def test_upgrade_from_the_previous_chart_keeps_the_certificate_and_the_held_devi
     notes = install(helm, CHART, address, verb="upgrade")
     assert "is upgraded: release" in notes
     assert kube.get(kinds.kind("Secret"), f"{RELEASE}-webhook-tls", NAMESPACE)["data"] == secret
-    assert {kind.kind: [h["clientConfig"]["caBundle"] for h in kube.get(kind, configuration(kind))["webhooks"]]
-            for kind in WEBHOOKS} == bundles  # fmt: skip
+    assert {
+        kind.kind: [h["clientConfig"]["caBundle"] for h in kube.get(kind, configuration(kind))["webhooks"]]
+        for kind in WEBHOOKS
+    } == bundles
     assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, RELEASE) is None  # renamed: the old one went with the upgrade
     assert held(kube.get(kinds.GPU_DEVICE, "held", namespace)["status"]) == holding
 
@@ -268,8 +297,16 @@ def test_helm_upgrade_leaves_an_older_crd_and_the_documented_step_upgrades_it(
     ours = yaml.safe_load((CHART / "crds" / "gpu.cozystack.io_gpuclasses.yaml").read_text())
     older = yaml.safe_load(yaml.safe_dump(ours))
     del schema_of(older)["properties"]["spec"]["properties"]["idleMoves"]
-    kubectl(plane, "apply", "--server-side", "--field-manager=helm", "--force-conflicts", "-f", "-",
-            stdin=yaml.safe_dump(older))  # the CRD as the older chart's install applied it  # fmt: skip
+    kubectl(
+        plane,
+        "apply",
+        "--server-side",
+        "--field-manager=helm",
+        "--force-conflicts",
+        "-f",
+        "-",
+        stdin=yaml.safe_dump(older),
+    )  # the CRD as the older chart's install applied it
     install(helm, CHART, address, verb="upgrade")
     assert schema_of(kube.get(kinds.CRD, ours["metadata"]["name"])) == served(schema_of(older))
     kubectl(plane, *CRD_STEP, stdin=helm.run("show", "crds", str(CHART)))

@@ -113,8 +113,17 @@ def test_the_notes_say_what_was_installed_how_to_check_it_and_where_the_docs_are
         "docs/operating.md",
     ):
         assert said in text, said
-    other = notes(helm, "--set", "certManager.enabled=true", "--set", "replicas=1",
-                  "--set", "networkPolicy.enabled=false", "--set", "noBypassPolicy.enabled=false")  # fmt: skip
+    other = notes(
+        helm,
+        "--set",
+        "certManager.enabled=true",
+        "--set",
+        "replicas=1",
+        "--set",
+        "networkPolicy.enabled=false",
+        "--set",
+        "noBypassPolicy.enabled=false",
+    )
     assert f"Certificate {RELEASE}-webhook" in other and "webhook-tls" not in other
     assert "1 replica(s)" in other
     for absent in ("PodDisruptionBudget", "NetworkPolicy", "ValidatingAdmissionPolicy"):

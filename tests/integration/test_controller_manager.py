@@ -28,8 +28,9 @@ def test_the_ownerreference_we_write_lets_kubernetes_collect_a_template_device(w
     kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gc"}})
     vmi = kube.create(kinds.VMI, vmi_body("vm", "gc", [{"deviceTemplate": {"className": "a10", "count": 1}}]))
     device = gpu_device_body("vm-gpu-0", "gc", "a10")
-    device["metadata"]["ownerReferences"] = [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
-                                              "name": "vm", "uid": vmi["metadata"]["uid"]}]  # fmt: skip
+    device["metadata"]["ownerReferences"] = [
+        {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm", "uid": vmi["metadata"]["uid"]}
+    ]
     kube.create(kinds.GPU_DEVICE, device)
     kube.delete(kinds.VMI, "vm", "gc")
     wait_for("collected", lambda: kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-0", "gc") is None, timeout=60)

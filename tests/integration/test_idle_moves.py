@@ -29,8 +29,9 @@ pytestmark = pytest.mark.integration
 def operator(operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The operator without webhooks, with the default bound on idle moves per decision; a device may move as soon
     as it is idle (the wait before is a unit test's: tests/unit/test_binder_idle_moves.py)."""
-    process = start_operator(operator_kubeconfig, tmp_path_factory.mktemp("idle-moves"), "--no-webhooks",
-                             "--idle-move-after", "0")  # fmt: skip
+    process = start_operator(
+        operator_kubeconfig, tmp_path_factory.mktemp("idle-moves"), "--no-webhooks", "--idle-move-after", "0"
+    )
     yield process
     process.stop()
 
@@ -100,8 +101,13 @@ def test_a_class_that_forbids_idle_moves_leaves_the_eight_gpu_device_waiting(
     try:
         placed = _cloud(kube, gpu, gpu_node, other)
         kube.create(kinds.GPU_DEVICE, gpu_device_body("big", namespace, gpu.cls, 8))
-        message = wait_for("big pending", lambda: _status(kube, namespace, "big").get("phase") == "Pending"
-                           and _status(kube, namespace, "big").get("message"))  # fmt: skip
+        message = wait_for(
+            "big pending",
+            lambda: (
+                _status(kube, namespace, "big").get("phase") == "Pending"
+                and _status(kube, namespace, "big").get("message")
+            ),
+        )
         assert "8" in str(message)
         # A Pending device is decided again only when room appears; nothing more happens to these.
         assert {name: _bound_on(kube, other, name) for name in placed} == placed

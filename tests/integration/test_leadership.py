@@ -74,11 +74,26 @@ def test_only_the_leader_decides_and_a_standby_takes_over_when_it_dies(
 def test_a_clean_stop_hands_the_lease_back(operator_kubeconfig: Path, kube: Kube, tmp_path: Path) -> None:
     """Stopped with SIGTERM, the leader releases the Lease, so a successor need not wait out the term."""
     lease = unique("lease")
-    a = start_operator(operator_kubeconfig, tmp_path, "--no-webhooks", "--identity", "replica-a",
-                       "--lease-name", lease, "--lease-duration", "60")  # fmt: skip
+    a = start_operator(
+        operator_kubeconfig,
+        tmp_path,
+        "--no-webhooks",
+        "--identity",
+        "replica-a",
+        "--lease-name",
+        lease,
+        "--lease-duration",
+        "60",
+    )
     # Ready as soon as its view has synced (§10), a replica may take the Lease a moment later.
-    holder = wait_for("a leads", lambda: (kube.get_or_none(kinds.kind("Lease"), lease, "cozy-gpu-system") or {})
-                      .get("spec", {}).get("holderIdentity"))  # fmt: skip
+    holder = wait_for(
+        "a leads",
+        lambda: (
+            (kube.get_or_none(kinds.kind("Lease"), lease, "cozy-gpu-system") or {})
+            .get("spec", {})
+            .get("holderIdentity")
+        ),
+    )
     assert holder == "replica-a"
     a.stop()
     assert kube.get(kinds.kind("Lease"), lease, "cozy-gpu-system")["spec"].get("holderIdentity", "") == ""

@@ -98,8 +98,9 @@ def test_a_vm_restarted_at_once_keeps_its_held_device(
         wait_for("attached to the running VMI", lambda: status(kube, namespace, "h").get("attachedTo", {}).get("uid"))
         kube.delete(kinds.VMI, "vm", namespace)
         uid = kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h"}]))["metadata"]["uid"]
-        wait_for("the new VMI's uid recorded", lambda u=uid: _attached_uid(kube, namespace, "h") == u,
-                 timeout=GRACE + 10)  # fmt: skip
+        wait_for(
+            "the new VMI's uid recorded", lambda u=uid: _attached_uid(kube, namespace, "h") == u, timeout=GRACE + 10
+        )
     time.sleep(1)  # the old VMIs' cleanup has had every chance to run
     s = status(kube, namespace, "h")
     assert (s["attachedTo"]["vmi"], s["attachedTo"]["uid"], s["phase"], s["nodeName"]) == ("vm", uid, "Bound", node)
@@ -185,9 +186,13 @@ def _refused_order(kube: Kube, namespace: str, gpu: Gpu) -> bool:
 
 
 def test_an_operator_restart_in_the_middle_leaves_nothing_stuck(
-    control_plane: ControlPlane, operator_: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu,
+    control_plane: ControlPlane,
+    operator_: OperatorProcess,
+    kube: Kube,
+    namespace: str,
+    gpu: Gpu,
     gpu_node: GPUNodeFactory,
-) -> None:  # fmt: skip
+) -> None:
     """Killed with a VMI running, the VMI deleted while it is down: after restart the sweep detaches and deletes."""
     gpu_node({gpu.resource: 3}, name=f"rs-{gpu.cls}")
     bound_held(kube, namespace, "h", gpu.cls)
@@ -255,9 +260,15 @@ def test_budget_and_class_status_follow_use(
 ) -> None:
     """§1.4: used and OverBudget when a budget is lowered below what is held (kept); §1.1 class status."""
     gpu_node({gpu.resource: 4}, name=f"use-{gpu.cls}")
-    kube.create(kinds.GPU_BUDGET, {"apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUBudget",
-                                   "metadata": {"name": "cap", "namespace": namespace},
-                                   "spec": {"limits": {gpu.cls: 3}}})  # fmt: skip
+    kube.create(
+        kinds.GPU_BUDGET,
+        {
+            "apiVersion": "gpu.cozystack.io/v1alpha1",
+            "kind": "GPUBudget",
+            "metadata": {"name": "cap", "namespace": namespace},
+            "spec": {"limits": {gpu.cls: 3}},
+        },
+    )
     bound_held(kube, namespace, "a", gpu.cls)
     bound_held(kube, namespace, "b", gpu.cls)
 

@@ -39,9 +39,15 @@ def test_admissions_binds_devices_nodes_and_budgets_are_measured(
         return sample(admitting, metrics_token, name, **labels)
 
     node = gpu_node({gpu.resource: 4}, name=f"m-{gpu.cls}")["metadata"]["name"]
-    kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
-                                   "metadata": {"name": "cap", "namespace": namespace},
-                                   "spec": {"limits": {gpu.cls: 3}}})  # fmt: skip
+    kube.create(
+        kinds.GPU_BUDGET,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUBudget",
+            "metadata": {"name": "cap", "namespace": namespace},
+            "spec": {"limits": {gpu.cls: 3}},
+        },
+    )
     kube.create(kinds.GPU_DEVICE, gpu_device_body("h", namespace, gpu.cls))
     wait_for("h bound", lambda: kube.get(kinds.GPU_DEVICE, "h", namespace).get("status", {}).get("phase") == "Bound")
     kube.create(kinds.VMI, vmi_body("vm", namespace, [{"device": "h"}]))

@@ -22,17 +22,28 @@ from tests.support.operators import start_admitting_operator, unregister_webhook
 
 def unlabelled_vmi(name: str, namespace: str, devices: dict[str, Any] | None = None, **domain: Any) -> Body:
     """A VMI without device references, with GPU entries of its own."""
-    body = vmi_body(name, namespace, None, domain={"devices": devices or {}, "resources": domain.get("resources",
-                    {"requests": {"memory": "1Gi"}})})  # fmt: skip
+    body = vmi_body(
+        name,
+        namespace,
+        None,
+        domain={"devices": devices or {}, "resources": domain.get("resources", {"requests": {"memory": "1Gi"}})},
+    )
     del body["metadata"]["labels"]["gpu.cozystack.io/device-reference"]
     return body
 
 
 def pod(name: str, namespace: str, resource: str, labels: dict[str, str] | None = None) -> Body:
     asks = {resource: "1"}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace,
-            "labels": labels or {}}, "spec": {"containers": [{"name": "c", "image": "registry.invalid/x",
-            "resources": {"requests": asks, "limits": asks}}]}}  # fmt: skip
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels or {}},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": "registry.invalid/x", "resources": {"requests": asks, "limits": asks}}
+            ]
+        },
+    }
 
 
 def refused(kube: Kube, kind: kinds.Kind, body: Body) -> str:
@@ -98,9 +109,12 @@ def test_the_guard_holds_while_the_operator_is_down(
         assert "directly" in refused(kube, kinds.VMI, body)
     finally:
         process.kill()
-        for kind, name in ((kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME),
-                           (kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
-                           (kinds.POLICY_BINDING, policy.NAME), (kinds.POLICY, policy.NAME)):  # fmt: skip
+        for kind, name in (
+            (kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME),
+            (kinds.VALIDATING_WEBHOOKS, webhooks.CONFIGURATION_NAME),
+            (kinds.POLICY_BINDING, policy.NAME),
+            (kinds.POLICY, policy.NAME),
+        ):
             kube.delete(kind, name)
 
 
@@ -178,9 +192,22 @@ def test_an_api_server_restart_refuses_nothing_the_guard_allows(
     pod and VMI create in the cluster for some 30 s, until its discovery caught up with the CRD."""
     process = start_admitting_operator(operator_kubeconfig, tmp_path)
     try:
-        published = wait_for("the managed resources published", lambda: gpu.resource in (((kube.get_or_none(
-            kinds.kind("ConfigMap"), policy.MANAGED_RESOURCES, identity.NAMESPACE) or {}).get("data") or {})
-            .get(policy.RESOURCES_KEY) or "").split(","))  # fmt: skip
+        published = wait_for(
+            "the managed resources published",
+            lambda: (
+                gpu.resource
+                in (
+                    (
+                        (
+                            kube.get_or_none(kinds.kind("ConfigMap"), policy.MANAGED_RESOURCES, identity.NAMESPACE)
+                            or {}
+                        ).get("data")
+                        or {}
+                    ).get(policy.RESOURCES_KEY)
+                    or ""
+                ).split(",")
+            ),
+        )
         assert published
     finally:
         process.stop()  # the policy and its parameter stay
@@ -203,8 +230,10 @@ def test_the_readmes_hand_run_path_meets_every_rule(
     """§12.4: `cozygpu run --dev` started with an administrator's kubeconfig runs as its own ServiceAccount, so the
     administrator's own held device in a namespace the class does not entitle is refused (§9.1)."""
     tag = uuid.uuid4().hex[:6]
-    kube.create(kinds.GPU_CLASS, gpu_class_body(f"only-{tag}", f"example.com/only-{tag}",
-                                                namespaceSelector={"matchLabels": {"entitled": tag}}))  # fmt: skip
+    kube.create(
+        kinds.GPU_CLASS,
+        gpu_class_body(f"only-{tag}", f"example.com/only-{tag}", namespaceSelector={"matchLabels": {"entitled": tag}}),
+    )
     gpu_node({f"example.com/only-{tag}": 1})  # before the operator starts: its first list has it
     process = OperatorProcess(control_plane.kubeconfig_path, tmp_path / "operator.log", "--dev").start()
     try:

@@ -34,25 +34,38 @@ def test_the_operator_is_its_service_account_and_not_an_administrator(as_operato
     assert as_operator.whoami() == identity.USERNAME
     assert forbidden(lambda: as_operator.delete(kinds.NODE, "any"))
     assert forbidden(lambda: as_operator.list(kinds.kind("ClusterRole")))
-    assert forbidden(lambda: as_operator.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace",
-                                                                   "metadata": {"name": "nope"}}))  # fmt: skip
+    assert forbidden(
+        lambda: as_operator.create(
+            kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nope"}}
+        )
+    )
 
 
 def tenant(plane: ControlPlane, kube: Kube, namespace: str, role: str, directory: Path) -> Kube:
     """A user who holds `role` in the namespace only, as a RoleBinding to the chart's ClusterRole gives it."""
     user = f"{role}-user"
-    kube.create(kinds.kind("RoleBinding"), {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": role, "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}]})  # fmt: skip
+    kube.create(
+        kinds.kind("RoleBinding"),
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": role, "namespace": namespace},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        },
+    )
     return Kube.from_kubeconfig(plane.write_kubeconfig(directory / role, user=user, group=None))
 
 
 def test_a_tenant_who_edits_orders_and_releases_devices_but_never_writes_status_or_budgets(
-    admitting: OperatorProcess, control_plane: ControlPlane, kube: Kube, namespace: str, gpu: Gpu,
-    gpu_node: GPUNodeFactory, tmp_path: Path,
-) -> None:  # fmt: skip
+    admitting: OperatorProcess,
+    control_plane: ControlPlane,
+    kube: Kube,
+    namespace: str,
+    gpu: Gpu,
+    gpu_node: GPUNodeFactory,
+    tmp_path: Path,
+) -> None:
     """cozy-gpu-tenant-edit: create, read, delete GPUDevices, read budgets; no status, budgets or other namespaces."""
     gpu_node({gpu.resource: 1}, name=f"rbac-{gpu.cls}")
     alice = tenant(control_plane, kube, namespace, "cozy-gpu-tenant-edit", tmp_path)
@@ -62,8 +75,12 @@ def test_a_tenant_who_edits_orders_and_releases_devices_but_never_writes_status_
     body = alice.get(kinds.GPU_DEVICE, "mine", namespace)
     body["status"]["nodeName"] = "somewhere-else"
     assert forbidden(lambda: alice.replace_status(kinds.GPU_DEVICE, body))
-    budget = {"apiVersion": API_VERSION, "kind": "GPUBudget", "metadata": {"name": "mine", "namespace": namespace},
-              "spec": {"total": 100}}  # fmt: skip
+    budget = {
+        "apiVersion": API_VERSION,
+        "kind": "GPUBudget",
+        "metadata": {"name": "mine", "namespace": namespace},
+        "spec": {"total": 100},
+    }
     assert forbidden(lambda: alice.create(kinds.GPU_BUDGET, budget))
     assert forbidden(lambda: alice.list(kinds.GPU_DEVICE, "default"))
     assert alice.delete(kinds.GPU_DEVICE, "mine", namespace)

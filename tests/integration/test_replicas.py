@@ -315,8 +315,9 @@ def test_a_budget_raced_across_replicas_is_never_exceeded(
         with contextlib.suppress(ApiError):  # refused: over the budget
             act()
 
-    acts = [lambda i=i: kube.create(kinds.GPU_DEVICE, gpu_device_body(f"held-{i}", namespace, gpu.cls))
-            for i in range(12)]  # fmt: skip
+    acts = [
+        lambda i=i: kube.create(kinds.GPU_DEVICE, gpu_device_body(f"held-{i}", namespace, gpu.cls)) for i in range(12)
+    ]
     acts += [lambda i=i: kube.create(kinds.VMI, vmi_body(f"vm{i}", namespace, _template(gpu.cls))) for i in range(12)]
     threads = [threading.Thread(target=order, args=(act,)) for act in acts]
     racing.set()

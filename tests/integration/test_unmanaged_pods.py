@@ -25,11 +25,26 @@ def holding_pod(name: str, namespace: str, node: str, asks: dict[str, int], vmi:
     meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if vmi is not None:  # what virt-controller renders: its label, the VMI as controller
         meta["labels"] = {"kubevirt.io": "virt-launcher"}
-        meta["ownerReferences"] = [{"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": vmi,
-                                    "uid": str(uuid.uuid4()), "controller": True}]  # fmt: skip
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.invalid/x",
-                     "resources": {"requests": resources, "limits": resources}}]}}  # fmt: skip
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "kubevirt.io/v1",
+                "kind": "VirtualMachineInstance",
+                "name": vmi,
+                "uid": str(uuid.uuid4()),
+                "controller": True,
+            }
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {
+            "nodeName": node,
+            "containers": [
+                {"name": "c", "image": "registry.invalid/x", "resources": {"requests": resources, "limits": resources}}
+            ],
+        },
+    }
 
 
 def end(kube: Kube, name: str, namespace: str, phase: str = "Succeeded") -> None:
@@ -53,8 +68,9 @@ EXEMPT = f"exempt-{uuid.uuid4().hex[:6]}"
 @pytest.fixture
 def quick(operator_kubeconfig: Path, tmp_path: Path) -> Iterator[OperatorProcess]:
     """The whole operator, re-reading the pods it found every 2 s."""
-    process = start_admitting_operator(operator_kubeconfig, tmp_path, "--sweep-interval", "2", "--bind-timeout", "5",
-                                       "--exempt-namespace", EXEMPT)  # fmt: skip
+    process = start_admitting_operator(
+        operator_kubeconfig, tmp_path, "--sweep-interval", "2", "--bind-timeout", "5", "--exempt-namespace", EXEMPT
+    )
     yield process
     process.stop()
 
@@ -82,8 +98,9 @@ def test_a_pod_that_predates_the_guard_shows_on_its_node_and_takes_no_held_units
     wait_for("the old pod created, with no policy in the way", created, timeout=15)
     process = start_admitting_operator(operator_kubeconfig, tmp_path, "--sweep-interval", "2")
     try:
-        units, pods = wait_for("the old pod on the GPUNode", lambda: (u := unmanaged(kube, node, gpu.resource))[0]
-                               and u, timeout=30)  # fmt: skip
+        units, pods = wait_for(
+            "the old pod on the GPUNode", lambda: (u := unmanaged(kube, node, gpu.resource))[0] and u, timeout=30
+        )
         assert units == 1
         assert pods == [{"pod": f"{namespace}/old-job", "units": {gpu.resource: 1}}]
         status = kube.get(kinds.GPU_NODE, node)["status"]
@@ -99,8 +116,13 @@ def test_a_pod_that_predates_the_guard_shows_on_its_node_and_takes_no_held_units
         assert logged(process, "device.waiting", lambda e: e.get("device") == "pair" and why in (e.get("detail") or ""))
         end(kube, "old-job", namespace)
         wait_for("the unit back", lambda: unmanaged(kube, node, gpu.resource) == (0, []), timeout=20)
-        bound = wait_for("the pair Bound", lambda: (kube.get(kinds.GPU_DEVICE, "pair", namespace).get("status")
-                         or {}).get("phase") == "Bound" and kube.get(kinds.GPU_DEVICE, "pair", namespace))  # fmt: skip
+        bound = wait_for(
+            "the pair Bound",
+            lambda: (
+                (kube.get(kinds.GPU_DEVICE, "pair", namespace).get("status") or {}).get("phase") == "Bound"
+                and kube.get(kinds.GPU_DEVICE, "pair", namespace)
+            ),
+        )
         assert bound["status"]["nodeName"] == node
     finally:
         process.stop()
@@ -117,8 +139,10 @@ def test_a_launcher_the_operator_did_not_admit_is_watched_in_and_out(
     kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": meta})
     node = gpu_node({gpu.resource: 2})["metadata"]["name"]
     kube.create(kinds.GPU_DEVICE, gpu_device_body("held", namespace, gpu.cls, count=2))
-    wait_for("the held device Bound", lambda: (kube.get(kinds.GPU_DEVICE, "held", namespace).get("status") or {})
-             .get("nodeName") == node)  # fmt: skip
+    wait_for(
+        "the held device Bound",
+        lambda: (kube.get(kinds.GPU_DEVICE, "held", namespace).get("status") or {}).get("nodeName") == node,
+    )
     launcher = holding_pod("virt-launcher-stray", namespace, node, {gpu.resource: 1}, vmi="stray")
 
     def created() -> Body | None:
@@ -132,8 +156,10 @@ def test_a_launcher_the_operator_did_not_admit_is_watched_in_and_out(
     pod = wait_for("the stray launcher admitted", created)
     assert pod["spec"].get("affinity") is None  # untouched: no set of the operator's to pin it to
     units, pods = wait_for("the launcher on the GPUNode", lambda: (u := unmanaged(kube, node, gpu.resource))[0] and u)
-    assert (units, pods) == (1, [{"pod": f"{namespace}/virt-launcher-stray", "vmi": "stray",
-                                  "units": {gpu.resource: 1}}])  # fmt: skip
+    assert (units, pods) == (
+        1,
+        [{"pod": f"{namespace}/virt-launcher-stray", "vmi": "stray", "units": {gpu.resource: 1}}],
+    )
 
     def lost() -> dict[str, Any] | None:
         conditions = (kube.get(kinds.GPU_NODE, node).get("status") or {}).get("conditions", [])

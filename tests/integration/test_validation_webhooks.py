@@ -31,8 +31,12 @@ def denied(kube: Kube, body: dict[str, Any], hook: str = "gpudevice") -> str:
 
 
 def budget_body(name: str, namespace: str, limits: dict[str, int]) -> dict[str, Any]:
-    return {"apiVersion": API_VERSION, "kind": "GPUBudget", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"limits": limits}}  # fmt: skip
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUBudget",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"limits": limits},
+    }
 
 
 def test_device_creates_that_could_never_be_served_are_refused(
@@ -48,8 +52,10 @@ def test_device_creates_that_could_never_be_served_are_refused(
         kube, gpu_device_body("b", namespace, tag, 3)
     )
     kube.create(kinds.GPU_CLASS, gpu_class_body(f"{tag}-wide", f"example.com/{tag}"))
-    wait_for("class seen", lambda: kube.get(kinds.GPU_NODE, f"n-{tag}").get("status", {}).get("classes") == [
-        tag, f"{tag}-wide"])  # fmt: skip
+    wait_for(
+        "class seen",
+        lambda: kube.get(kinds.GPU_NODE, f"n-{tag}").get("status", {}).get("classes") == [tag, f"{tag}-wide"],
+    )
     message = denied(kube, gpu_device_body("c", namespace, f"{tag}-wide", 4))
     assert f"no node has 4 units of example.com/{tag}, so it could never be placed; the most one has is 3" in message
     assert kube.list(kinds.GPU_DEVICE, namespace) == []
@@ -111,7 +117,8 @@ def test_the_order_ledger_names_each_admitted_device_by_its_uid(
     )
     entries = [json.loads(v) for v in ledger["data"].values()]
     assert [e["uid"] for e in entries if (e["namespace"], e["name"]) == (namespace, "x")] == [
-        created["metadata"]["uid"]]  # fmt: skip
+        created["metadata"]["uid"]
+    ]
 
 
 def test_only_the_operator_creates_or_relabels_template_devices(

@@ -158,8 +158,10 @@ def test_a_template_device_still_being_deleted_is_refused(
     as_operator.delete(kinds.GPU_DEVICE, "vm-gpu-0", namespace)
     message = refused(kube, vmi_body("vm", namespace, [{"deviceTemplate": {"className": gpu.cls, "count": 1}}]))
     assert "GPUDevice vm-gpu-0 of an earlier VMI vm is still being deleted" in message
-    assert (status(kube, namespace, "vm-gpu-0").get("attachedTo"), status(kube, namespace, "vm-gpu-0").get(
-        "bindRequest")) == (None, None)  # fmt: skip
+    assert (
+        status(kube, namespace, "vm-gpu-0").get("attachedTo"),
+        status(kube, namespace, "vm-gpu-0").get("bindRequest"),
+    ) == (None, None)
     kube.patch(kinds.GPU_DEVICE, "vm-gpu-0", {"metadata": {"finalizers": None}}, namespace)
     wait_for("deleted", lambda: kube.get_or_none(kinds.GPU_DEVICE, "vm-gpu-0", namespace) is None)
 

@@ -62,8 +62,14 @@ def rules_with_status_writes_only_for(names: list[str]) -> list[dict[str, object
         resources = [r for r in rule.get("resources", []) if r != "gpudevices/status"]
         if resources:
             rules.append({**rule, "resources": resources})
-    rules.append({"apiGroups": ["gpu.cozystack.io"], "resources": ["gpudevices/status"], "verbs": ["update"],
-                  "resourceNames": names})  # fmt: skip
+    rules.append(
+        {
+            "apiGroups": ["gpu.cozystack.io"],
+            "resources": ["gpudevices/status"],
+            "verbs": ["update"],
+            "resourceNames": names,
+        }
+    )
     return rules
 
 
@@ -74,10 +80,16 @@ def operator_with(plane: ControlPlane, directory: Path, rules: list[dict[str, ob
     rbac = "rbac.authorization.k8s.io"
     role = {"apiVersion": f"{rbac}/v1", "kind": "ClusterRole", "metadata": {"name": ROLE}}
     kube.create(kinds.kind("ClusterRole"), {**role, "rules": rules})
-    kube.create(kinds.kind("ClusterRoleBinding"), {
-        "apiVersion": f"{rbac}/v1", "kind": "ClusterRoleBinding", "metadata": {"name": ROLE},
-        "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": ROLE},
-        "subjects": [{"apiGroup": rbac, "kind": "User", "name": USER}]})  # fmt: skip
+    kube.create(
+        kinds.kind("ClusterRoleBinding"),
+        {
+            "apiVersion": f"{rbac}/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": ROLE},
+            "roleRef": {"apiGroup": rbac, "kind": "ClusterRole", "name": ROLE},
+            "subjects": [{"apiGroup": rbac, "kind": "User", "name": USER}],
+        },
+    )
     kubeconfig = plane.write_kubeconfig(directory / "kubeconfig", user=USER, group=None)
     process = OperatorProcess(kubeconfig, directory / "operator.log", "--dev", "--as-given", "--bind-timeout", "2")
     try:
@@ -152,13 +164,20 @@ def test_a_waiting_write_the_api_refuses_loses_none_of_the_pass(
         late = gpu_node({gpu.resource: 1}, name=f"late-{gpu.cls}", ready=False)
         accounted(kube, late)
         kube.create(kinds.GPU_DEVICE, gpu_device_body("hold", namespace, gpu.cls, count=2))
-        wait_for("hold Bound", lambda: kube.get(kinds.GPU_DEVICE, "hold", namespace).get("status", {})
-                 .get("phase") == "Bound")  # fmt: skip
+        wait_for(
+            "hold Bound",
+            lambda: kube.get(kinds.GPU_DEVICE, "hold", namespace).get("status", {}).get("phase") == "Bound",
+        )
         kube.create(kinds.GPU_DEVICE, gpu_device_body("big", namespace, gpu.cls, count=2))
         kube.create(kinds.GPU_DEVICE, gpu_device_body("fits", namespace, gpu.cls))
-        wait_for("fits Pending", lambda: kube.get(kinds.GPU_DEVICE, "fits", namespace).get("status", {})
-                 .get("phase") == "Pending")  # fmt: skip
+        wait_for(
+            "fits Pending",
+            lambda: kube.get(kinds.GPU_DEVICE, "fits", namespace).get("status", {}).get("phase") == "Pending",
+        )
         nodes.set_ready(kube, late["metadata"]["name"], True)
-        wait_for("fits Bound", lambda: kube.get(kinds.GPU_DEVICE, "fits", namespace).get("status", {})
-                 .get("phase") == "Bound", timeout=20)  # fmt: skip
+        wait_for(
+            "fits Bound",
+            lambda: kube.get(kinds.GPU_DEVICE, "fits", namespace).get("status", {}).get("phase") == "Bound",
+            timeout=20,
+        )
         assert "phase" not in kube.get(kinds.GPU_DEVICE, "big", namespace).get("status", {})

@@ -48,8 +48,13 @@ def test_held_and_template_devices_are_gathered_and_the_vmi_pinned(
     nodes.set_gpus(kube, a, {gpu.resource: 3})
     wait_for("capacity seen", lambda: _gpunode_allocatable(kube, a) == 3)
     refs = [{"device": "h1"}, {"device": "h2"}, {"deviceTemplate": {"className": gpu.cls, "count": 1}}]
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["x"]}]}]}}}  # fmt: skip
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["x"]}]}]
+            }
+        }
+    }
     stored = kube.create(kinds.VMI, vmi_body("vm", namespace, refs, affinity=affinity))
     assert stored["spec"]["domain"]["devices"]["gpus"] == [
         {"name": "gpudev0-0", "deviceName": gpu.resource},
@@ -137,12 +142,16 @@ def test_a_malformed_annotation_is_refused_naming_it(
 annotation_texts = st.one_of(
     st.recursive(
         st.none() | st.booleans() | st.integers(-3, 3) | st.text(max_size=8),
-        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-            st.sampled_from(["device", "deviceTemplate", "className", "count", "x"]), inner, max_size=3),
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(["device", "deviceTemplate", "className", "count", "x"]), inner, max_size=3
+            )
+        ),
         max_leaves=8,
     ).map(json.dumps),
     st.text(max_size=30),
-)  # fmt: skip
+)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -282,8 +291,12 @@ def test_existing_template_devices_that_are_not_this_vmis_are_refused(
         body["metadata"].update(labels={"gpu.cozystack.io/template-device": "true"}, **meta)
         operator.create(kinds.GPU_DEVICE, body)
 
-    refs = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "name": "vm",
-            "uid": owner["metadata"]["uid"]}  # fmt: skip
+    refs = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "name": "vm",
+        "uid": owner["metadata"]["uid"],
+    }
     template("vm-gpu-0", ownerReferences=[refs])
     template("vm-gpu-1", 2)
     entries = [{"deviceTemplate": {"className": gpu.cls, "count": 1}}] * 2
@@ -343,9 +356,18 @@ def test_set_rules_are_enforced(
     one = [{"deviceTemplate": {"className": tag, "count": 1}}]
     message = refused(kube, vmi_body("vm", namespace, one, labels={"gpu.cozystack.io/mode": "vgpu"}))
     assert f"GPUClass {tag} has mode passthrough, and the VMI's pool takes mode vgpu" in message
-    kubevirt = {"apiVersion": "kubevirt.io/v1", "kind": "KubeVirt", "metadata": {"name": "kv", "namespace": namespace},
-                "spec": {"configuration": {"permittedHostDevices": {"pciHostDevices": [
-                    {"pciVendorSelector": "10de:2236", "resourceName": "nvidia.com/OTHER"}]}}}}  # fmt: skip
+    kubevirt = {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "KubeVirt",
+        "metadata": {"name": "kv", "namespace": namespace},
+        "spec": {
+            "configuration": {
+                "permittedHostDevices": {
+                    "pciHostDevices": [{"pciVendorSelector": "10de:2236", "resourceName": "nvidia.com/OTHER"}]
+                }
+            }
+        },
+    }
     kube.create(kinds.KUBEVIRT, kubevirt)
     try:
         wait_for("permitted table seen", lambda: "permittedHostDevices" in _try(kube, one, namespace))
@@ -396,12 +418,19 @@ def test_budgets_and_entitlement_refuse_template_orders(
     tag = unique("bud")
     resource = f"example.com/{tag}"
     kube.create(kinds.GPU_CLASS, gpu_class_body(tag, resource))
-    kube.create(kinds.GPU_CLASS, gpu_class_body(f"{tag}-gold", resource,
-                                               namespaceSelector={"matchLabels": {"tier": "gold"}}))  # fmt: skip
+    kube.create(
+        kinds.GPU_CLASS, gpu_class_body(f"{tag}-gold", resource, namespaceSelector={"matchLabels": {"tier": "gold"}})
+    )
     gpu_node({resource: 8}, name=f"n-{tag}")
-    kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
-                                   "metadata": {"name": "cap", "namespace": namespace},
-                                   "spec": {"limits": {tag: 1}}})  # fmt: skip
+    kube.create(
+        kinds.GPU_BUDGET,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUBudget",
+            "metadata": {"name": "cap", "namespace": namespace},
+            "spec": {"limits": {tag: 1}},
+        },
+    )
     time.sleep(0.5)
     message = refused(kube, vmi_body("vm", namespace, [{"deviceTemplate": {"className": tag, "count": 2}}]))
     assert f"GPUBudget {namespace}/cap allows 1 units of GPUClass {tag}" in message
@@ -441,9 +470,15 @@ def test_ten_vmis_racing_for_a_budget_of_five_exactly_five_win(
 ) -> None:
     """§7.4: whatever the interleaving, admitted orders never exceed the budget."""
     gpu_node({gpu.resource: 20}, name=f"wide-{gpu.cls}")
-    kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
-                                   "metadata": {"name": "five", "namespace": namespace},
-                                   "spec": {"limits": {gpu.cls: 5}}})  # fmt: skip
+    kube.create(
+        kinds.GPU_BUDGET,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUBudget",
+            "metadata": {"name": "five", "namespace": namespace},
+            "spec": {"limits": {gpu.cls: 5}},
+        },
+    )
     time.sleep(0.5)
     names = [f"vm{i}" for i in range(10)]
 

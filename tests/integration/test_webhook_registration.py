@@ -32,15 +32,22 @@ def test_configurations_follow_section_3_and_go_away_on_exit(
         mutating = kube.get(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME)["webhooks"][0]
         assert mutating["objectSelector"] == {"matchLabels": {"gpu.cozystack.io/device-reference": "true"}}
         assert (mutating["reinvocationPolicy"], mutating["sideEffects"], mutating["failurePolicy"]) == (
-            "IfNeeded", "NoneOnDryRun", "Fail")  # fmt: skip
+            "IfNeeded",
+            "NoneOnDryRun",
+            "Fail",
+        )
         assert mutating["timeoutSeconds"] == 20
         assert mutating["rules"][0]["operations"] == ["CREATE"]
         validating = kube.get(kinds.VALIDATING_WEBHOOKS, "cozy-gpu-operator")["webhooks"]
         assert sorted(w["name"] for w in validating) == [
-            "gpubudget.gpu.cozystack.io", "gpuclass.gpu.cozystack.io", "gpudevice.gpu.cozystack.io"]  # fmt: skip
+            "gpubudget.gpu.cozystack.io",
+            "gpuclass.gpu.cozystack.io",
+            "gpudevice.gpu.cozystack.io",
+        ]
         skip_ourselves = f'request.userInfo.username != "{identity.USERNAME}"'
-        assert all(w["matchConditions"] == [{"name": "not-the-operator", "expression": skip_ourselves}]
-                   for w in validating)  # fmt: skip
+        assert all(
+            w["matchConditions"] == [{"name": "not-the-operator", "expression": skip_ourselves}] for w in validating
+        )
     finally:
         operator.stop()
     assert kube.get_or_none(kinds.MUTATING_WEBHOOKS, webhooks.MUTATING_NAME) is None
@@ -48,9 +55,14 @@ def test_configurations_follow_section_3_and_go_away_on_exit(
 
 
 def test_the_operator_never_waits_on_its_own_webhook(
-    operator_kubeconfig: Path, as_operator: Kube, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory,
+    operator_kubeconfig: Path,
+    as_operator: Kube,
+    kube: Kube,
+    namespace: str,
+    gpu: Gpu,
+    gpu_node: GPUNodeFactory,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     """Killed, its configurations point at nothing: others' writes fail closed, its own (finalizers) still land."""
     gpu_node({gpu.resource: 1}, name=f"self-{gpu.cls}")
     operator = start_admitting_operator(operator_kubeconfig, tmp_path)

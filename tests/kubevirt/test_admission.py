@@ -75,8 +75,13 @@ def test_a_held_device_on_a_cordoned_node_is_gathered_and_the_vm_says_so(
 
     def reasons(kind: str, name: str) -> list[str]:
         events = kv.list(kinds.kind("Event"), ns)
-        return [e["message"] for e in events if e["involvedObject"]["kind"] == kind and e["involvedObject"]["name"]
-                == name and e["reason"] in ("GPUsGathered", "Moved")]  # fmt: skip
+        return [
+            e["message"]
+            for e in events
+            if e["involvedObject"]["kind"] == kind
+            and e["involvedObject"]["name"] == name
+            and e["reason"] in ("GPUsGathered", "Moved")
+        ]
 
     vm_events = wait_for("the VM's GPUsGathered Event", lambda: reasons("VirtualMachine", "vm"))
     assert vm_events == [f"GPUs gathered on node {new}: GPUDevice keep from node {old}"]

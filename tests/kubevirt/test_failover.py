@@ -39,8 +39,9 @@ def replicas(plane: ControlPlane, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     """Two replicas' worth of room, none started; the Lease term the chart's."""
     monkeypatch.setenv("COZYGPU_WEBHOOK_HOST", "127.0.0.1")  # the children inherit it
     kubeconfig = identity.write_kubeconfig(plane, tmp_path / "kubeconfig")
-    group = Replicas(kubeconfig, tmp_path, "cozy-gpu-failover", plane.webhook_ca.cert_pem,
-                     extra=("--lease-duration", str(LEASE)))  # fmt: skip
+    group = Replicas(
+        kubeconfig, tmp_path, "cozy-gpu-failover", plane.webhook_ca.cert_pem, extra=("--lease-duration", str(LEASE))
+    )
     yield group
     group.close(plane.kube())
 
@@ -86,6 +87,8 @@ def test_a_vm_started_during_a_leader_kill_runs_once_the_successor_leads(
     before = vms.vmi(kube, namespace, "before") or {}
     assert bound(kube, namespace, "before-gpu-0") == before["status"]["nodeName"]  # the failover moved nothing
     limit = LEASE * 4 / 3 + usual
-    assert took <= limit, f"running {took:.1f} s after the kill; a term and a poll ({LEASE * 4 / 3:.0f} s) plus a" \
-        f" start with a leader ({usual:.1f} s) is {limit:.1f} s"  # fmt: skip
+    assert took <= limit, (
+        f"running {took:.1f} s after the kill; a term and a poll ({LEASE * 4 / 3:.0f} s) plus a"
+        f" start with a leader ({usual:.1f} s) is {limit:.1f} s"
+    )
     print(f"failover with KubeVirt: running {took:.1f} s after the kill (term {LEASE:.0f} s, a start {usual:.1f} s)")

@@ -107,8 +107,10 @@ def test_deleting_the_vm_releases_everything(
     kv.delete(kinds.VM, "vm", ns, propagation="Foreground")
     vms.gone(kv, ns, "vm", vmi["metadata"]["uid"])
     wait_for("the template device deleted", lambda: kv.get_or_none(kinds.GPU_DEVICE, "vm-gpu-1", ns) is None)
-    keep = wait_for("the held device detached", lambda: not (d := kv.get(kinds.GPU_DEVICE, "keep", ns))[
-        "status"].get("attachedTo") and d)  # fmt: skip
+    keep = wait_for(
+        "the held device detached",
+        lambda: not (d := kv.get(kinds.GPU_DEVICE, "keep", ns))["status"].get("attachedTo") and d,
+    )
     assert (keep["status"]["phase"], keep["status"]["nodeName"]) == ("Bound", home)
     assert not keep["metadata"].get("finalizers")
 
@@ -130,8 +132,10 @@ def test_a_new_vmi_of_a_stripped_vmis_name_starts_only_once_the_old_guest_is_gon
     kv.create(kinds.VMI, bare)
     vmi, pod = vms.running(kv, ns, "bare")
     uid, name = vmi["metadata"]["uid"], pod["metadata"]["name"]
-    wait_for("the uid recorded", lambda: (kv.get(kinds.GPU_DEVICE, "keep", ns)["status"].get("attachedTo") or {})
-             .get("uid") == uid)  # fmt: skip
+    wait_for(
+        "the uid recorded",
+        lambda: (kv.get(kinds.GPU_DEVICE, "keep", ns)["status"].get("attachedTo") or {}).get("uid") == uid,
+    )
     kv.patch(kinds.POD, name, {"metadata": {"finalizers": ["cozy.test/slow-kubelet"]}}, ns)
     try:
         kv.delete(kinds.VMI, "bare", ns)

@@ -64,13 +64,18 @@ def test_a_pod_rendered_after_the_vm_controller_dropped_the_vmis_pin_still_lands
     assert launcher["spec"]["nodeName"] == small
 
     # The VM controller's sync has run once the VMI's own pin is gone.
-    synced = wait_for("the VMI's pin dropped by the VM controller", lambda: not vms.pin_of(
-        (b := kv.get(kinds.VMI, "vm", ns))["spec"]) and b, timeout=30)  # fmt: skip
+    synced = wait_for(
+        "the VMI's pin dropped by the VM controller",
+        lambda: not vms.pin_of((b := kv.get(kinds.VMI, "vm", ns))["spec"]) and b,
+        timeout=30,
+    )
 
     pod = as_kubevirt_controller.create(kinds.POD, rendered_for(synced, gpu.resource, 1))
     try:
-        placed = wait_for("the rendered pod bound", lambda: (p := kv.get(kinds.POD, pod["metadata"]["name"], ns))[
-            "spec"].get("nodeName") and p)  # fmt: skip
+        placed = wait_for(
+            "the rendered pod bound",
+            lambda: (p := kv.get(kinds.POD, pod["metadata"]["name"], ns))["spec"].get("nodeName") and p,
+        )
         assert placed["spec"]["nodeName"] == small
         assert vms.pin_of(placed["spec"]) == [small]
         # The first launcher pod keeps its pin: a pod's affinity cannot change once it exists.

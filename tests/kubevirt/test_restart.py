@@ -61,8 +61,12 @@ def test_a_vm_restarted_again_and_again_keeps_its_template_gpu_and_the_waiting_o
         restart(kv, ns, old)
         vmi, pod = vms.running(kv, ns, "vm", not_uid=old)  # the old VMI may still run a moment after the ask
         template = kv.get_or_none(kinds.GPU_DEVICE, "vm-gpu-1", ns) or {}
-        got = ((template.get("metadata") or {}).get("uid"), (template.get("status") or {}).get("nodeName"),
-               pod["spec"]["nodeName"], _phase(kv, ns, "waiting"))  # fmt: skip
+        got = (
+            (template.get("metadata") or {}).get("uid"),
+            (template.get("status") or {}).get("nodeName"),
+            pod["spec"]["nodeName"],
+            _phase(kv, ns, "waiting"),
+        )
         if got != (device_uid, home, home, "Pending"):
             lost.append((n, got))
     assert lost == [], f"restarts where the VM's GPU changed or the waiting order took it: {lost[:5]}"

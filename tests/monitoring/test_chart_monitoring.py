@@ -39,8 +39,12 @@ def helm() -> Path:
 
 
 def render(helm: Path, *args: str, release: str = "gpu", namespace: str = "gpu-system") -> list[dict[str, Any]]:
-    done = subprocess.run([str(helm), "template", release, str(monitoring.CHART), "--namespace", namespace,
-                           *FENCE, *args], capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [str(helm), "template", release, str(monitoring.CHART), "--namespace", namespace, *FENCE, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
@@ -67,10 +71,16 @@ def test_monitoring_renders_where_the_prometheus_operator_is_served_or_a_value_s
 
 def test_the_prometheus_rule_is_the_rule_file_with_the_values_applied(helm: Path, tmp_path: Path) -> None:
     """Disabled alerts out, ruleLabels on each, runbook_url at its base, the rest the file's; promtool loads it."""
-    docs = render(helm, *SERVED, "--set", "monitoring.prometheusRule.ruleLabels.team=gpu,"
-                  "monitoring.prometheusRule.disabled={CozyGPUOverBudget},"
-                  "monitoring.prometheusRule.runbookBaseURL=https://wiki.example/gpu",
-                  "--set", "monitoring.prometheusRule.labels.role=alert-rules")  # fmt: skip
+    docs = render(
+        helm,
+        *SERVED,
+        "--set",
+        "monitoring.prometheusRule.ruleLabels.team=gpu,"
+        "monitoring.prometheusRule.disabled={CozyGPUOverBudget},"
+        "monitoring.prometheusRule.runbookBaseURL=https://wiki.example/gpu",
+        "--set",
+        "monitoring.prometheusRule.labels.role=alert-rules",
+    )
     [rule] = of_kind(docs, "PrometheusRule")
     assert rule["metadata"]["labels"]["role"] == "alert-rules"
     rendered = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
@@ -79,15 +89,18 @@ def test_the_prometheus_rule_is_the_rule_file_with_the_values_applied(helm: Path
     for name, r in rendered.items():
         assert (r["expr"], r["for"]) == (source[name]["expr"], source[name]["for"])
         assert r["labels"] == {**source[name]["labels"], "team": "gpu"}
-        assert r["annotations"] == {**source[name]["annotations"],
-                                    "runbook_url": f"https://wiki.example/gpu#{name.lower()}"}  # fmt: skip
+        assert r["annotations"] == {
+            **source[name]["annotations"],
+            "runbook_url": f"https://wiki.example/gpu#{name.lower()}",
+        }
     [default] = of_kind(render(helm, *SERVED), "PrometheusRule")
     assert [r for g in default["spec"]["groups"] for r in g["rules"]] == monitoring.rules()
     promtool = monitoring.promtool()
     if promtool is not None:
         (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
-        done = subprocess.run([promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True,
-                              text=True, check=False)  # fmt: skip
+        done = subprocess.run(
+            [promtool, "check", "rules", str(tmp_path / "rules.yaml")], capture_output=True, text=True, check=False
+        )
         assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -112,7 +125,9 @@ def test_the_scrape_sends_a_token_bound_to_the_metrics_reader(helm: Path) -> Non
     [secret] = [s for s in of_kind(docs, "Secret") if s["type"] == "kubernetes.io/service-account-token"]
     [binding] = [b for b in of_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"] == "gpu-metrics-reader"]
     assert monitor["spec"]["endpoints"][0]["authorization"] == {
-        "type": "Bearer", "credentials": {"name": secret["metadata"]["name"], "key": "token"}}  # fmt: skip
+        "type": "Bearer",
+        "credentials": {"name": secret["metadata"]["name"], "key": "token"},
+    }
     account = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
     assert account in {a["metadata"]["name"] for a in of_kind(docs, "ServiceAccount")}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "gpu-system"}]
@@ -134,9 +149,14 @@ def test_the_scrape_sends_a_token_bound_to_the_metrics_reader(helm: Path) -> Non
 
 def test_the_dashboards_ship_in_a_config_map_labelled_for_grafanas_sidecar(helm: Path) -> None:
     """Every files/dashboards/*.json under its file name, the sidecar's label, the namespace and annotations given."""
-    docs = render(helm, *SERVED, "--set", "monitoring.dashboards.namespace=grafana,"
-                  "monitoring.dashboards.label=find_me,monitoring.dashboards.labelValue=yes,"
-                  "monitoring.dashboards.annotations.grafana_folder=GPUs")  # fmt: skip
+    docs = render(
+        helm,
+        *SERVED,
+        "--set",
+        "monitoring.dashboards.namespace=grafana,"
+        "monitoring.dashboards.label=find_me,monitoring.dashboards.labelValue=yes,"
+        "monitoring.dashboards.annotations.grafana_folder=GPUs",
+    )
     [config] = [c for c in of_kind(docs, "ConfigMap") if c["metadata"]["name"] == "gpu-dashboards"]
     assert config["metadata"]["namespace"] == "grafana"
     assert config["metadata"]["labels"]["find_me"] == "yes"

@@ -14,8 +14,13 @@ def test_the_alerts_fire_as_their_unit_tests_say() -> None:
     promtool = monitoring.promtool()
     if promtool is None:
         pytest.skip(monitoring.NO_PROMTOOL)
-    done = subprocess.run([promtool, "test", "rules", monitoring.RULE_TESTS.name], cwd=monitoring.RULE_TESTS.parent,
-                          capture_output=True, text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        [promtool, "test", "rules", monitoring.RULE_TESTS.name],
+        cwd=monitoring.RULE_TESTS.parent,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -24,8 +29,9 @@ def test_the_rule_file_is_one_prometheus_loads() -> None:
     promtool = monitoring.promtool()
     if promtool is None:
         pytest.skip(monitoring.NO_PROMTOOL)
-    done = subprocess.run([promtool, "check", "rules", str(monitoring.RULES)], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    done = subprocess.run(
+        [promtool, "check", "rules", str(monitoring.RULES)], capture_output=True, text=True, check=False
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -42,8 +42,11 @@ def _binds(kube: Kube, namespace: str, name: str, gpu: Gpu) -> float:
     """Seconds until a new held device is Bound: the operator is working again, not only ready."""
     start = time.monotonic()
     kube.create(kinds.GPU_DEVICE, gpu_device_body(name, namespace, gpu.cls))
-    wait_for(f"{name} Bound", lambda: (kube.get(kinds.GPU_DEVICE, name, namespace).get("status") or {})
-             .get("phase") == "Bound", timeout=60)  # fmt: skip
+    wait_for(
+        f"{name} Bound",
+        lambda: (kube.get(kinds.GPU_DEVICE, name, namespace).get("status") or {}).get("phase") == "Bound",
+        timeout=60,
+    )
     kube.delete(kinds.GPU_DEVICE, name, namespace)
     return time.monotonic() - start
 
@@ -118,8 +121,12 @@ def test_watches_resumed_from_a_compacted_version_list_anew(
                 break
             expired = len(operator.events("watch.expired"))
             kube.create(kinds.GPU_DEVICE, gpu_device_body(f"old-{n}", namespace, gpu.cls))
-            wait_for("old Bound", lambda n=n: (kube.get(kinds.GPU_DEVICE, f"old-{n}", namespace).get("status")
-                     or {}).get("phase") == "Bound")  # fmt: skip
+            wait_for(
+                "old Bound",
+                lambda n=n: (
+                    (kube.get(kinds.GPU_DEVICE, f"old-{n}", namespace).get("status") or {}).get("phase") == "Bound"
+                ),
+            )
             assert operator.proc is not None
             operator.proc.send_signal(signal.SIGSTOP)
             try:
@@ -136,8 +143,13 @@ def test_watches_resumed_from_a_compacted_version_list_anew(
             thawed = time.monotonic()
             wait_for("old gone", lambda n=n: kube.get_or_none(kinds.GPU_DEVICE, f"old-{n}", namespace) is None)
             kube.create(kinds.GPU_DEVICE, gpu_device_body(f"new-{n}", namespace, gpu.cls))
-            wait_for("new Bound", lambda n=n: (kube.get(kinds.GPU_DEVICE, f"new-{n}", namespace).get("status")
-                     or {}).get("phase") == "Bound", timeout=60)  # fmt: skip
+            wait_for(
+                "new Bound",
+                lambda n=n: (
+                    (kube.get(kinds.GPU_DEVICE, f"new-{n}", namespace).get("status") or {}).get("phase") == "Bound"
+                ),
+                timeout=60,
+            )
             wait_for("ready after the compaction", operator.ready, timeout=60)
             record.recoveries.append(time.monotonic() - thawed)
             assert len(operator.events("watch.expired")) > expired, "no watch was answered 410 Gone"

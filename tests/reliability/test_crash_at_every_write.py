@@ -48,20 +48,38 @@ class Scenario:
 
 
 SCENARIOS = [
-    Scenario("held and template", [2], 1,
-             lambda cls: [[{"device": "held-0"}, {"deviceTemplate": {"className": cls, "count": 1}}]]),
+    Scenario(
+        "held and template",
+        [2],
+        1,
+        lambda cls: [[{"device": "held-0"}, {"deviceTemplate": {"className": cls, "count": 1}}]],
+    ),
     # Three units on one node: no node has them, so the binder refuses and the call undoes its writes.
-    Scenario("refused, undone", [2, 2], 1,
-             lambda cls: [[{"device": "held-0"}, {"deviceTemplate": {"className": cls, "count": 2}}]]),
+    Scenario(
+        "refused, undone",
+        [2, 2],
+        1,
+        lambda cls: [[{"device": "held-0"}, {"deviceTemplate": {"className": cls, "count": 2}}]],
+    ),
     # held-0 fills the one-unit node, held-1 goes to the other: the set of both is gathered there.
     Scenario("gathered", [1, 2], 2, lambda cls: [[{"device": "held-0"}, {"device": "held-1"}]]),
     # Room in the budget for one: the other is refused, whichever order the two are decided in.
-    Scenario("two admissions at once under a budget", [2, 2], 0,
-             lambda cls: [[{"deviceTemplate": {"className": cls, "count": 1}}]] * 2, budget=1),
+    Scenario(
+        "two admissions at once under a budget",
+        [2, 2],
+        0,
+        lambda cls: [[{"deviceTemplate": {"className": cls, "count": 1}}]] * 2,
+        budget=1,
+    ),
     # One name: one create is stored, the other's undo must leave what the winner runs with (item 7).
-    Scenario("one VMI name created twice at once", [2], 0,
-             lambda cls: [[{"deviceTemplate": {"className": cls, "count": 1}}]] * 2, same_name=True),
-]  # fmt: skip
+    Scenario(
+        "one VMI name created twice at once",
+        [2],
+        0,
+        lambda cls: [[{"deviceTemplate": {"className": cls, "count": 1}}]] * 2,
+        same_name=True,
+    ),
+]
 
 
 @pytest.mark.timeout(0)
@@ -81,9 +99,15 @@ def test_a_crash_after_any_write_leaves_nothing_broken(
     record = TALLY[f"crash at every write: {scenario.name}"]
     for i, units in enumerate(scenario.nodes):
         gpu_node({gpu.resource: units}, name=f"crash-{i}-{gpu.cls}")
-    kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
-                                   "metadata": {"name": "cap", "namespace": namespace},
-                                   "spec": {"limits": {gpu.cls: scenario.budget or sum(scenario.nodes)}}})  # fmt: skip
+    kube.create(
+        kinds.GPU_BUDGET,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUBudget",
+            "metadata": {"name": "cap", "namespace": namespace},
+            "spec": {"limits": {gpu.cls: scenario.budget or sum(scenario.nodes)}},
+        },
+    )
     binder = start_admitting_operator(operator_kubeconfig, _dir(tmp_path, "held"), *QUICK)
     try:
         _hold(scenario, kube, namespace, gpu)
@@ -98,27 +122,44 @@ def test_a_crash_after_any_write_leaves_nothing_broken(
     assert all(n > 3 for n in outlived), f"fewer writes than there should be: outlived at {outlived}"
 
 
-def _sweep(scenario: Scenario, sweep: int, kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, tmp_path: Path,
-           record_name: str) -> int:  # fmt: skip
+def _sweep(
+    scenario: Scenario,
+    sweep: int,
+    kubeconfig: Path,
+    kube: Kube,
+    namespace: str,
+    gpu: Gpu,
+    tmp_path: Path,
+    record_name: str,
+) -> int:
     """One pass over N = 1, 2, ... until the operator outlives its Nth write; returns that N."""
     record = TALLY[record_name]
     for n in range(1, MAX_WRITES + 1):
-        crashing = OperatorProcess(kubeconfig, _dir(tmp_path, f"crash-{sweep}-{n}") / "operator.log", "--dev",
-                                   *QUICK, "--crash-at-write", str(n))  # fmt: skip
+        crashing = OperatorProcess(
+            kubeconfig,
+            _dir(tmp_path, f"crash-{sweep}-{n}") / "operator.log",
+            "--dev",
+            *QUICK,
+            "--crash-at-write",
+            str(n),
+        )
         try:
             crashing.start()
         except RuntimeError:  # the Nth write came before it was ready (a GPUNode status, say)
             assert crashing.proc is not None and crashing.proc.poll() == CRASHED, crashing.tail()
         names = [f"vm{sweep}-{n}-{0 if scenario.same_name else i}" for i in range(len(scenario.vmis(gpu.cls)))]
-        threads = [threading.Thread(target=_create, args=(kube, namespace, name, refs))
-                   for name, refs in zip(names, scenario.vmis(gpu.cls), strict=True)]  # fmt: skip
+        threads = [
+            threading.Thread(target=_create, args=(kube, namespace, name, refs))
+            for name, refs in zip(names, scenario.vmis(gpu.cls), strict=True)
+        ]
         for t in threads:
             t.start()
         for t in threads:
             t.join(timeout=60)
         try:
-            wait_for("the injected crash", lambda p=crashing: p.proc is not None and p.proc.poll() is not None,
-                     timeout=8)  # fmt: skip
+            wait_for(
+                "the injected crash", lambda p=crashing: p.proc is not None and p.proc.poll() is not None, timeout=8
+            )
         except AssertionError:  # it outlived the scenario; still armed, so another clears up for the next sweep
             crashing.stop()
             after = start_admitting_operator(kubeconfig, _dir(tmp_path, f"after-{sweep}-{n}"), *QUICK)
@@ -157,8 +198,12 @@ def _hold(scenario: Scenario, kube: Kube, namespace: str, gpu: Gpu) -> None:
             wait_for(f"held-{h} gone", lambda h=h: kube.get_or_none(kinds.GPU_DEVICE, f"held-{h}", namespace) is None)
     for h in range(scenario.held):
         kube.create(kinds.GPU_DEVICE, gpu_device_body(f"held-{h}", namespace, gpu.cls))
-        wait_for(f"held-{h} Bound", lambda h=h: (kube.get(kinds.GPU_DEVICE, f"held-{h}", namespace)
-                 .get("status") or {}).get("phase") == "Bound")  # fmt: skip
+        wait_for(
+            f"held-{h} Bound",
+            lambda h=h: (
+                (kube.get(kinds.GPU_DEVICE, f"held-{h}", namespace).get("status") or {}).get("phase") == "Bound"
+            ),
+        )
 
 
 def _create(kube: Kube, namespace: str, name: str, refs: list[dict[str, Any]]) -> None:

@@ -32,9 +32,12 @@ pytestmark = pytest.mark.integration
 
 # Per test: two tests, 100,000 in the soak; COZYGPU_FUZZ_EXAMPLES overrides either.
 EXAMPLES = int(os.environ.get("COZYGPU_FUZZ_EXAMPLES", runs(150, 50_000)))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                       HealthCheck.data_too_large])  # fmt: skip
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -43,12 +46,24 @@ JSON = st.recursive(
 )
 HOOK_KINDS = {hook.id: (hook.kind.group, hook.kind.version, hook.kind.kind, hook.kind.plural) for hook in hooks.HOOKS}
 FIELDS = [
-    (), ("request",), ("request", "uid"), ("request", "dryRun"), ("request", "operation"), ("request", "object"),
-    ("request", "oldObject"), ("request", "userInfo"), ("request", "kind"), ("request", "resource"),
-    ("request", "namespace"), ("request", "object", "metadata"), ("request", "object", "spec"),
-    ("request", "object", "metadata", "labels"), ("request", "object", "metadata", "annotations"),
-    ("request", "object", "spec", "domain"), ("request", "userInfo", "groups"),
-]  # fmt: skip
+    (),
+    ("request",),
+    ("request", "uid"),
+    ("request", "dryRun"),
+    ("request", "operation"),
+    ("request", "object"),
+    ("request", "oldObject"),
+    ("request", "userInfo"),
+    ("request", "kind"),
+    ("request", "resource"),
+    ("request", "namespace"),
+    ("request", "object", "metadata"),
+    ("request", "object", "spec"),
+    ("request", "object", "metadata", "labels"),
+    ("request", "object", "metadata", "annotations"),
+    ("request", "object", "spec", "domain"),
+    ("request", "userInfo", "groups"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +80,28 @@ def endpoint(
 
 def review(hook: str, obj: dict[str, Any], dry_run: bool = True) -> dict[str, Any]:
     group, version, kind, resource = HOOK_KINDS[hook]
-    gvk, gvr = {"group": group, "version": version, "kind": kind}, {"group": group, "version": version,
-                                                                       "resource": resource}  # fmt: skip
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": str(uuid.uuid4()), "kind": gvk, "resource": gvr, "requestKind": gvk,
-                        "requestResource": gvr, "name": obj["metadata"].get("name"), "namespace": "fuzz",
-                        "operation": "CREATE", "userInfo": {"username": "tenant", "groups": ["system:authenticated"]},
-                        "object": obj, "oldObject": None, "dryRun": dry_run}}  # fmt: skip
+    gvk, gvr = (
+        {"group": group, "version": version, "kind": kind},
+        {"group": group, "version": version, "resource": resource},
+    )
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": str(uuid.uuid4()),
+            "kind": gvk,
+            "resource": gvr,
+            "requestKind": gvk,
+            "requestResource": gvr,
+            "name": obj["metadata"].get("name"),
+            "namespace": "fuzz",
+            "operation": "CREATE",
+            "userInfo": {"username": "tenant", "groups": ["system:authenticated"]},
+            "object": obj,
+            "oldObject": None,
+            "dryRun": dry_run,
+        },
+    }
 
 
 def _object(hook: str) -> dict[str, Any]:
@@ -95,8 +125,14 @@ def _replace(body: Any, path: tuple[str, ...], value: Any) -> Any:
 
 
 def _judge(base: str, ca: str, cert: Any, hook: str, body: Any, record: str) -> None:
-    answer = requests.post(f"{base}/{hook}", data=json.dumps(body), verify=ca, cert=cert, timeout=30,
-                           headers={"Content-Type": "application/json"})  # fmt: skip
+    answer = requests.post(
+        f"{base}/{hook}",
+        data=json.dumps(body),
+        verify=ca,
+        cert=cert,
+        timeout=30,
+        headers={"Content-Type": "application/json"},
+    )
     TALLY[record].runs += 1
     assert answer.status_code in (200, 400), f"{answer.status_code} {answer.reason} for {json.dumps(body)[:400]}"
     if answer.status_code == 200:
@@ -114,11 +150,19 @@ def test_a_review_spoilt_anywhere_is_answered_200_or_400_never_500(
     _judge(*endpoint, hook, _replace(review(hook, _object(hook)), path, value), "fuzzed envelopes")
 
 
-REF = st.fixed_dictionaries({}, optional={
-    "device": JSON | st.text(max_size=12),
-    "deviceTemplate": st.fixed_dictionaries({}, optional={"className": JSON | st.just("none"),
-                                                          "count": JSON | st.integers(-2, 70)}) | JSON,
-}) | JSON  # fmt: skip
+REF = (
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "device": JSON | st.text(max_size=12),
+            "deviceTemplate": st.fixed_dictionaries(
+                {}, optional={"className": JSON | st.just("none"), "count": JSON | st.integers(-2, 70)}
+            )
+            | JSON,
+        },
+    )
+    | JSON
+)
 ANNOTATION = st.text(max_size=60) | st.builds(json.dumps, JSON) | st.builds(json.dumps, st.lists(REF, max_size=70))
 
 

@@ -34,8 +34,9 @@ HELD = 3
 
 def _refs(rng: random.Random, cls: str) -> list[dict[str, Any]]:
     """One to four entries: held devices several VMIs of a burst want at once, and templates."""
-    refs: list[dict[str, Any]] = [{"device": name} for name in rng.sample([f"held-{i}" for i in range(HELD)],
-                                                                          rng.randint(0, 2))]  # fmt: skip
+    refs: list[dict[str, Any]] = [
+        {"device": name} for name in rng.sample([f"held-{i}" for i in range(HELD)], rng.randint(0, 2))
+    ]
     for _ in range(rng.randint(0 if refs else 1, 2)):
         refs.append({"deviceTemplate": {"className": cls, "count": rng.randint(1, 2)}})
     return refs
@@ -56,9 +57,15 @@ def test_kill_9_at_random_moments_of_bursts_leaves_nothing_broken(
     for i in range(HELD):
         kube.create(kinds.GPU_DEVICE, gpu_device_body(f"held-{i}", namespace, gpu.cls))
     # Fewer units than the nodes have: the budget, not capacity, refuses some orders.
-    kube.create(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget",
-                                   "metadata": {"name": "cap", "namespace": namespace},
-                                   "spec": {"limits": {gpu.cls: 6}}})  # fmt: skip
+    kube.create(
+        kinds.GPU_BUDGET,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUBudget",
+            "metadata": {"name": "cap", "namespace": namespace},
+            "spec": {"limits": {gpu.cls: 6}},
+        },
+    )
     budget = Budget("kill -9 during bursts")
     total = runs(3, 1000)
     n, hits, in_flight = 0, 0, 0
@@ -72,8 +79,10 @@ def test_kill_9_at_random_moments_of_bursts_leaves_nothing_broken(
             for vmi in kube.list(kinds.VMI, namespace):  # the previous burst's VMIs go: their units come back
                 kube.delete(kinds.VMI, vmi["metadata"]["name"], namespace)
             settled(kube, namespace, operator, record, f"run {n} (seed {seed}), the previous VMIs deleted")
-            threads = [threading.Thread(target=_create, args=(kube, namespace, f"vm{n}-{i}", _refs(rng, gpu.cls)))
-                       for i in range(BURST)]  # fmt: skip
+            threads = [
+                threading.Thread(target=_create, args=(kube, namespace, f"vm{n}-{i}", _refs(rng, gpu.cls)))
+                for i in range(BURST)
+            ]
             for t in threads:
                 t.start()
             # From the first admission under way, a random moment of the burst's.

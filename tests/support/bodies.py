@@ -34,17 +34,25 @@ def gpu_device_body(name: str, namespace: str, class_name: str, count: int = 1) 
 
 
 def budget_body(
-    namespace: str, name: str = "cap", *, total: int | None = None, limits: Mapping[str, int] | None = None,
+    namespace: str,
+    name: str = "cap",
+    *,
+    total: int | None = None,
+    limits: Mapping[str, int] | None = None,
     selector: Mapping[str, str] | None = None,
-) -> Body:  # fmt: skip
+) -> Body:
     """A GPUBudget as the platform sets it (tenants may only read budgets)."""
     spec: dict[str, Any] = {"limits": dict(limits or {})}
     if total is not None:
         spec["total"] = total
     if selector is not None:
         spec["namespaceSelector"] = {"matchLabels": dict(selector)}
-    return {"apiVersion": API_VERSION, "kind": "GPUBudget", "metadata": {"name": name, "namespace": namespace},
-            "spec": spec}  # fmt: skip
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUBudget",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": spec,
+    }
 
 
 def unique(prefix: str) -> str:

@@ -40,8 +40,14 @@ class Helm:
         assert done.returncode != 0, done.stdout
         return done.stdout + done.stderr
 
-    def render(self, *args: str, chart: Path = CHART, release: str = RELEASE, namespace: str = NAMESPACE,
-               fence: tuple[str, ...] = API_SERVER) -> list[dict[str, Any]]:  # fmt: skip
+    def render(
+        self,
+        *args: str,
+        chart: Path = CHART,
+        release: str = RELEASE,
+        namespace: str = NAMESPACE,
+        fence: tuple[str, ...] = API_SERVER,
+    ) -> list[dict[str, Any]]:
         out = self.run("template", release, str(chart), "--namespace", namespace, *fence, *args)
         return [d for d in yaml.safe_load_all(out) if d]
 

@@ -104,8 +104,9 @@ class Container:
     def start(self, command: Sequence[str], log: Path) -> None:
         with log.open("ab") as out:
             # A session of its own, so the process group is only this container's processes.
-            self.proc = subprocess.Popen(self.argv(command), stdout=out, stderr=subprocess.STDOUT,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                self.argv(command), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -122,8 +123,11 @@ class Container:
                 if os.getpgid(int(entry.name)) != self.proc.pid:
                     continue
                 argv = (entry / "cmdline").read_bytes().split(b"\0")[:-1]
-                uid = next(int(line.split()[1]) for line in (entry / "status").read_text().splitlines()
-                           if line.startswith("Uid:"))  # fmt: skip
+                uid = next(
+                    int(line.split()[1])
+                    for line in (entry / "status").read_text().splitlines()
+                    if line.startswith("Uid:")
+                )
             except (OSError, ProcessLookupError):
                 continue
             if argv and argv[0].startswith(b"/opt/cozygpu/"):

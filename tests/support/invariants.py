@@ -104,8 +104,10 @@ def given_twice(kube: Kube, namespace: str) -> list[str]:
     """Devices two VMIs were given, and devices a VMI was given that are attached to another. A VMI was given
     the device of its entry i when it carries that entry's `gpus` (what our admission adds); one that went
     through no admission (a --dev operator's webhooks gone with it) carries none and was given nothing."""
-    attached = {d["metadata"]["name"]: ((d.get("status") or {}).get("attachedTo") or {}).get("vmi")
-                for d in kube.list(kinds.GPU_DEVICE, namespace)}  # fmt: skip
+    attached = {
+        d["metadata"]["name"]: ((d.get("status") or {}).get("attachedTo") or {}).get("vmi")
+        for d in kube.list(kinds.GPU_DEVICE, namespace)
+    }
     given: dict[str, list[str]] = defaultdict(list)
     for vmi in kube.list(kinds.VMI, namespace):
         meta = vmi["metadata"]

@@ -36,8 +36,9 @@ def kubevirt_operator(plane: ControlPlane, directory: Path) -> Iterator[Operator
     process.stop()
 
 
-def add_kubevirt_node(kube: Kube, gpu: Gpu, units: int, *, labels: Mapping[str, str] | None = None,
-                      small: bool = False) -> str:  # fmt: skip
+def add_kubevirt_node(
+    kube: Kube, gpu: Gpu, units: int, *, labels: Mapping[str, str] | None = None, small: bool = False
+) -> str:
     """A node as virt-handler would leave it, with `units` of the GPU resource; `small`: 2 CPUs, so kube-scheduler's
     scoring shuns it. Returns once the operator has heard of it: it decides from its view."""
     name = f"kv-node-{uuid.uuid4().hex[:6]}"

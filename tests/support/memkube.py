@@ -182,8 +182,13 @@ class MemKube:
             raise NotImplementedError("memkube watches from a list's version, without selectors, only")
         self._call("watch", kind, resource_version, lambda: None)
         if int(resource_version) < self._floor:
-            status = {"kind": "Status", "status": "Failure", "code": 410, "reason": "Expired",
-                      "message": f"too old resource version: {resource_version} ({self._floor})"}  # fmt: skip
+            status = {
+                "kind": "Status",
+                "status": "Failure",
+                "code": 410,
+                "reason": "Expired",
+                "message": f"too old resource version: {resource_version} ({self._floor})",
+            }
             yield "ERROR", status
             return
         at = int(resource_version)
@@ -350,8 +355,11 @@ class MemKube:
         if status:  # the status subresource writes status only
             updated = {**copy.deepcopy(current), "status": copy.deepcopy(body.get("status"))}
         else:  # the object's PUT leaves status and what the server owns alone
-            kept = {k: current["metadata"][k] for k in ("uid", "creationTimestamp", "deletionTimestamp")
-                    if k in current["metadata"]}  # fmt: skip
+            kept = {
+                k: current["metadata"][k]
+                for k in ("uid", "creationTimestamp", "deletionTimestamp")
+                if k in current["metadata"]
+            }
             updated = {**copy.deepcopy(body), "metadata": {**copy.deepcopy(meta), **kept}}
             if "status" in current:
                 updated["status"] = copy.deepcopy(current["status"])

@@ -41,8 +41,9 @@ def unregister_webhooks(kube: Kube) -> None:
 
     def let_go() -> bool:
         try:
-            kube.create(kinds.GPU_DEVICE, gpu_device_body(f"probe-{uuid.uuid4().hex[:8]}", "default", "none"),
-                        dry_run=True)  # fmt: skip
+            kube.create(
+                kinds.GPU_DEVICE, gpu_device_body(f"probe-{uuid.uuid4().hex[:8]}", "default", "none"), dry_run=True
+            )
         except ApiError as e:
             if "failed calling webhook" in e.message:
                 return False

@@ -41,13 +41,21 @@ def host_address() -> str | None:
 
 def publish_endpoint(kube: Kube, service: str, namespace: str, address: str, webhook_port: int) -> None:
     """The Service's endpoints, as the endpoint-slice controller writes them for one ready pod at `address`."""
-    kube.put_object(ENDPOINT_SLICE, {
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": f"{service}-pod", "namespace": namespace,
-                     "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4",
-        "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
-        "ports": [{"name": "webhook", "port": webhook_port, "protocol": "TCP"}]})  # fmt: skip
+    kube.put_object(
+        ENDPOINT_SLICE,
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": f"{service}-pod",
+                "namespace": namespace,
+                "labels": {"kubernetes.io/service-name": service},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [address], "conditions": {"ready": True}}],
+            "ports": [{"name": "webhook", "port": webhook_port, "protocol": "TCP"}],
+        },
+    )
 
 
 def pod_environment(kube: Kube, release: str, namespace: str, pod: str) -> dict[str, str]:

@@ -148,11 +148,22 @@ class Replicas:
         port = free_port()
         (self.directory / name).mkdir()
         process = start_operator(
-            self.kubeconfig, self.directory / name,
-            "--identity", name, "--lease-name", self.lease, "--lease-duration", "6",
-            "--webhook-port", str(port), "--webhook-cert-dir", str(self.cert_dir),
-            "--webhook-client-ca", str(self.directory / "client-ca.crt"), *self.extra,
-        )  # fmt: skip
+            self.kubeconfig,
+            self.directory / name,
+            "--identity",
+            name,
+            "--lease-name",
+            self.lease,
+            "--lease-duration",
+            "6",
+            "--webhook-port",
+            str(port),
+            "--webhook-cert-dir",
+            str(self.cert_dir),
+            "--webhook-client-ca",
+            str(self.directory / "client-ca.crt"),
+            *self.extra,
+        )
         replica = Replica(name, port, process)
         self.live.append(replica)
         self.balancer.add(port)
@@ -186,8 +197,9 @@ class Replicas:
 
     def register(self, kube: Kube, timeout: float = 20) -> None:
         """The configurations of §3 at the balancer, as the chart installs them at its Service."""
-        for config in webhooks.configurations(f"https://{HOST}:{self.balancer.port}", self.ca_pem, timeout,
-                                              identity.USERNAME):  # fmt: skip
+        for config in webhooks.configurations(
+            f"https://{HOST}:{self.balancer.port}", self.ca_pem, timeout, identity.USERNAME
+        ):
             kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
             kube.create(kind, config)
 

@@ -46,19 +46,34 @@ def make_tenant(plane: ControlPlane, admin: Kube, name: str, directory: Path) ->
     identity.install(admin)  # the chart's tenant ClusterRoles
     namespace = f"{name}-{uuid.uuid4().hex[:6]}"
     admin.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    admin.create(kinds.kind("ServiceAccount"), {"apiVersion": "v1", "kind": "ServiceAccount",
-                                                "metadata": {"name": name, "namespace": namespace}})  # fmt: skip
+    admin.create(
+        kinds.kind("ServiceAccount"),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}},
+    )
     vmis = ("ClusterRole", "kubevirt.io:edit")
     if admin.get_or_none(kinds.kind("ClusterRole"), "kubevirt.io:edit") is None:
         vmis = ("Role", "kubevirt-edit-vmis")
-        admin.create(kinds.kind("Role"), {"apiVersion": f"{RBAC}/v1", "kind": "Role",
-                     "metadata": {"name": vmis[1], "namespace": namespace}, "rules": [KUBEVIRT_EDIT_VMIS]})  # fmt: skip
+        admin.create(
+            kinds.kind("Role"),
+            {
+                "apiVersion": f"{RBAC}/v1",
+                "kind": "Role",
+                "metadata": {"name": vmis[1], "namespace": namespace},
+                "rules": [KUBEVIRT_EDIT_VMIS],
+            },
+        )
     edit = [("ClusterRole", r) for r in ("edit", "system:aggregate-to-edit", "cozy-gpu-tenant-edit")]
     for kind, role in (*edit, vmis):
-        admin.create(kinds.kind("RoleBinding"), {"apiVersion": f"{RBAC}/v1", "kind": "RoleBinding",
-                     "metadata": {"name": role.replace(":", "-"), "namespace": namespace},
-                     "roleRef": {"apiGroup": RBAC, "kind": kind, "name": role},
-                     "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})  # fmt: skip
+        admin.create(
+            kinds.kind("RoleBinding"),
+            {
+                "apiVersion": f"{RBAC}/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": role.replace(":", "-"), "namespace": namespace},
+                "roleRef": {"apiGroup": RBAC, "kind": kind, "name": role},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            },
+        )
     token = admin.request_token(namespace, name)
     user = f"system:serviceaccount:{namespace}:{name}"
     config = plane.write_token_kubeconfig(directory / f"{namespace}.kubeconfig", user, token, namespace=namespace)

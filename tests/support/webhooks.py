@@ -37,16 +37,23 @@ def _deny(uid: str) -> dict[str, Any]:
 
 def _relabel(uid: str) -> dict[str, Any]:
     patch = [{"op": "add", "path": "/metadata/labels/test.cozy~1relabelled", "value": "yes"}]
-    return {"uid": uid, "allowed": True, "patchType": "JSONPatch",
-            "patch": base64.b64encode(json.dumps(patch).encode()).decode()}  # fmt: skip
+    return {
+        "uid": uid,
+        "allowed": True,
+        "patchType": "JSONPatch",
+        "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+    }
 
 
 class _Hook(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         answer_fn = _deny if self.path.startswith("/deny") else _relabel  # the API server adds ?timeout=
-        answer = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                  "response": answer_fn(review["request"]["uid"])}  # fmt: skip
+        answer = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": answer_fn(review["request"]["uid"]),
+        }
         data = json.dumps(answer).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -87,15 +94,23 @@ def labelling_webhook(kube: Kube, directory: Path) -> Iterator[None]:
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "MutatingWebhookConfiguration",
             "metadata": {"name": LABELLER},
-            "webhooks": [{
-                "name": "relabel.test.cozy",
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/relabel", "caBundle": base64.b64encode(ca).decode()},
-                "rules": [_rule()],
-                "objectSelector": {"matchLabels": {RELABEL_LABEL: "true"}},
-                "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail",
-                "timeoutSeconds": 5, "reinvocationPolicy": "Never",
-            }],
-        }  # fmt: skip
+            "webhooks": [
+                {
+                    "name": "relabel.test.cozy",
+                    "clientConfig": {
+                        "url": f"https://127.0.0.1:{port}/relabel",
+                        "caBundle": base64.b64encode(ca).decode(),
+                    },
+                    "rules": [_rule()],
+                    "objectSelector": {"matchLabels": {RELABEL_LABEL: "true"}},
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "timeoutSeconds": 5,
+                    "reinvocationPolicy": "Never",
+                }
+            ],
+        }
         kube.create(kinds.MUTATING_WEBHOOKS, config)
         try:
             # The API server calls a configuration once its own cache has it, a moment after the create: until a
@@ -127,15 +142,22 @@ def denying_webhook(kube: Kube, directory: Path) -> Iterator[None]:
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "ValidatingWebhookConfiguration",
             "metadata": {"name": NAME},
-            "webhooks": [{
-                "name": "deny.test.cozy",
-                "clientConfig": {"url": f"https://127.0.0.1:{port}/deny",
-                                 "caBundle": base64.b64encode(ca_pem).decode()},
-                "rules": [_rule()],
-                "objectSelector": {"matchLabels": {DENY_LABEL: "true"}},
-                "admissionReviewVersions": ["v1"], "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 5,
-            }],
-        }  # fmt: skip
+            "webhooks": [
+                {
+                    "name": "deny.test.cozy",
+                    "clientConfig": {
+                        "url": f"https://127.0.0.1:{port}/deny",
+                        "caBundle": base64.b64encode(ca_pem).decode(),
+                    },
+                    "rules": [_rule()],
+                    "objectSelector": {"matchLabels": {DENY_LABEL: "true"}},
+                    "admissionReviewVersions": ["v1"],
+                    "sideEffects": "None",
+                    "failurePolicy": "Fail",
+                    "timeoutSeconds": 5,
+                }
+            ],
+        }
         kube.create(kinds.VALIDATING_WEBHOOKS, config)
         try:
             yield

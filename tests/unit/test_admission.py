@@ -170,11 +170,21 @@ def test_the_permitted_table_is_kubevirts_own_reading_of_its_cr() -> None:
     )
     assert admission.permitted_resources(c) is None
     table = {"pciHostDevices": [{"pciVendorSelector": "10DE:2236", "resourceName": A10}]}
-    View(c).apply(kinds.KUBEVIRT, {"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "2"},
-                       "spec": {"configuration": {"permittedHostDevices": table}}})  # fmt: skip
+    View(c).apply(
+        kinds.KUBEVIRT,
+        {
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "2"},
+            "spec": {"configuration": {"permittedHostDevices": table}},
+        },
+    )
     assert admission.permitted_resources(c) == {A10}
-    View(c).apply(kinds.KUBEVIRT, {"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "3"},
-                       "spec": {"configuration": {"permittedHostDevices": {}}}})  # fmt: skip
+    View(c).apply(
+        kinds.KUBEVIRT,
+        {
+            "metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "3"},
+            "spec": {"configuration": {"permittedHostDevices": {}}},
+        },
+    )
     assert admission.permitted_resources(c) == set()
 
 
@@ -227,8 +237,13 @@ def test_pinning_adds_match_fields_to_every_required_term() -> None:
     ]
     assert terms == [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}]
     zones = [{"matchExpressions": [{"key": "zone", "operator": "In", "values": [z]}]} for z in ("a", "b")]
-    two = {"spec": {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": zones}}}}}  # fmt: skip
+    two = {
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": zones}}
+            }
+        }
+    }
     pinned = admission.pinned(two, gpus, "n1")
     for term in pinned["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
@@ -327,8 +342,9 @@ def test_a_template_device_another_create_of_the_name_took_is_not_the_creators_t
 def test_malformed_gpu_fields_are_named_not_spelled_out_letter_by_letter() -> None:
     """Issue 12: a string `gpus` was iterated as a list ("gpus , gpus , ..."); entries that are no objects, or
     resources that are no map, are named once, and no Python error reaches the tenant."""
-    vmi: dict[str, Any] = {"spec": {"domain": {"devices": {"gpus": "nvidia", "hostDevices": 3},
-                                               "resources": {"limits": "lots"}}}}  # fmt: skip
+    vmi: dict[str, Any] = {
+        "spec": {"domain": {"devices": {"gpus": "nvidia", "hostDevices": 3}, "resources": {"limits": "lots"}}}
+    }
     assert admission.own_gpu_entries(vmi, [], {A10}) == ["gpus (not a list)", "hostDevices (not a list)"]
     vmi["spec"]["domain"]["devices"] = {"gpus": [7, {"name": "g", "deviceName": A10}]}
     assert admission.own_gpu_entries(vmi, [], {A10}) == ["gpus entry 0 (not an object)", "gpus g"]

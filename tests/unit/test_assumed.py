@@ -84,8 +84,11 @@ def test_pipelined_decisions_never_spend_a_unit_twice(counts: list[int], outcome
     """Decide every waiting device in memory (assumed), then let the writes land in any order: succeeded,
     lost to a conflict, or overtaken by events of the old version. At every step no node holds more than
     it has, and the counters placement reads (held, taken, best fit) equal a recount from the devices."""
-    c = cluster(nodes=[node(n, {A10: u}) for n, u in ALLOCATABLE.items()], classes=[gpu_class("a10")],
-                devices=[with_version(device(f"d{i}", count=n), 10 + i) for i, n in enumerate(counts)])  # fmt: skip
+    c = cluster(
+        nodes=[node(n, {A10: u}) for n, u in ALLOCATABLE.items()],
+        classes=[gpu_class("a10")],
+        devices=[with_version(device(f"d{i}", count=n), 10 + i) for i, n in enumerate(counts)],
+    )
     inflight: list[tuple[GPUDevice, str, int]] = []
     for i in range(len(counts)):
         current = c.device("t1", f"d{i}")

@@ -197,8 +197,10 @@ def random_event(b: Binder, rnd: random.Random, step: int) -> None:
     if what == "node":
         labels = {"zone": rnd.choice(["x", "y"])}
         gpus = {rnd.choice([A10, L40S]): rnd.randint(0, 4)}
-        b.apply(kinds.NODE, node(rnd.choice(NODES), gpus, labels=labels, ready=rnd.random() > 0.2,
-                             unschedulable=rnd.random() < 0.2))  # fmt: skip
+        b.apply(
+            kinds.NODE,
+            node(rnd.choice(NODES), gpus, labels=labels, ready=rnd.random() > 0.2, unschedulable=rnd.random() < 0.2),
+        )
     elif what == "node-gone" and c.nodes:
         b.apply(kinds.NODE, {"metadata": {"name": rnd.choice(sorted(c.nodes))}}, deleted=True)
     elif what == "device":
@@ -208,11 +210,22 @@ def random_event(b: Binder, rnd: random.Random, step: int) -> None:
         b.apply(kinds.GPU_DEVICE, gone.wire(), deleted=True)
     elif what == "class":
         zone = rnd.choice(["x", "y", None])
-        b.apply(kinds.GPU_CLASS, gpu_class("zoned", A10, rnd.choice(["passthrough", "vgpu"]),
-                                      **({"nodeSelector": {"zone": zone}} if zone else {})))  # fmt: skip
+        b.apply(
+            kinds.GPU_CLASS,
+            gpu_class(
+                "zoned", A10, rnd.choice(["passthrough", "vgpu"]), **({"nodeSelector": {"zone": zone}} if zone else {})
+            ),
+        )
     elif what == "pod" and c.nodes:
-        b.apply(kinds.POD, pod("job", {A10: rnd.randint(0, 2)}, node=rnd.choice(sorted(c.nodes)),
-                           phase=rnd.choice(["Running", "Succeeded"])))  # fmt: skip
+        b.apply(
+            kinds.POD,
+            pod(
+                "job",
+                {A10: rnd.randint(0, 2)},
+                node=rnd.choice(sorted(c.nodes)),
+                phase=rnd.choice(["Running", "Succeeded"]),
+            ),
+        )
 
 
 @settings(max_examples=80, deadline=None)

@@ -42,8 +42,11 @@ def _leader(*, ledger: bool = True) -> tuple[Binder, View, MemKube]:
 
 def _replica(kube: MemKube) -> Validation:
     """Another replica's device webhook: its own view, which has seen none of the leader's devices."""
-    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
-                   budgets=[budget("cap", namespace=NS, limits={"a10": LIMIT})])  # fmt: skip
+    view = cluster(
+        nodes=[node("n1", {A10: 8})],
+        classes=[gpu_class("a10")],
+        budgets=[budget("cap", namespace=NS, limits={"a10": LIMIT})],
+    )
     reservations = Reservations(ttl=30)
     return Validation(
         view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device)

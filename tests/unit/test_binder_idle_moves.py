@@ -38,12 +38,21 @@ def _cloud(
     for i in range(1, nodes + 1):
         view.apply(kinds.NODE, node(f"n{i}", {A10: 8}))
     view.apply(kinds.GPU_CLASS, gpu_class("a10", **class_spec))
-    binder = Binder(view.cluster, w, incomplete_after=30, concurrency=8, idle_moves=idle_moves,
-                    events=recorder(kube))  # fmt: skip
+    binder = Binder(view.cluster, w, incomplete_after=30, concurrency=8, idle_moves=idle_moves, events=recorder(kube))
     view.subscribe(binder.changed)
     for i in range(1, nodes + 1):
-        _seen(view, kube, device(f"held{i}", count=2, namespace=OTHER, phase="Bound", node_name=f"n{i}",
-                                 status=ATTACHED if attached else None))  # fmt: skip
+        _seen(
+            view,
+            kube,
+            device(
+                f"held{i}",
+                count=2,
+                namespace=OTHER,
+                phase="Bound",
+                node_name=f"n{i}",
+                status=ATTACHED if attached else None,
+            ),
+        )
     return binder, view, kube
 
 
@@ -243,8 +252,9 @@ def _day(ops: list[Op]) -> Binder:
             for made, op in enumerate(ops):
                 await _settled(view, kube)
                 _apply(view, kube, op, made)
-                pinned = {k: d["status"]["nodeName"] for k, d in _api(kube).items()
-                          if "attachedTo" in (d.get("status") or {})}  # fmt: skip
+                pinned = {
+                    k: d["status"]["nodeName"] for k, d in _api(kube).items() if "attachedTo" in (d.get("status") or {})
+                }
                 await _settled(view, kube)
                 after = _api(kube)
                 for k, where in pinned.items():

@@ -236,8 +236,15 @@ def _event(op: str, i: int, j: int) -> tuple[kinds.Kind, dict[str, Any], bool]:
     namespace = _NAMESPACES[j % 6]
     if op == "use":  # the same device flips between counted and not (§7.2)
         phase, template = [("Bound", False), ("Pending", False), (None, False), (None, True)][(i + j) % 4]
-        body = device(f"d{i}", ("a10", "l40")[i % 2], 1 + i, namespace=namespace, phase=phase, template=template,
-                      node_name="n1" if phase == "Bound" else None)  # fmt: skip
+        body = device(
+            f"d{i}",
+            ("a10", "l40")[i % 2],
+            1 + i,
+            namespace=namespace,
+            phase=phase,
+            template=template,
+            node_name="n1" if phase == "Bound" else None,
+        )
         return kinds.GPU_DEVICE, body, False
     return kinds.GPU_DEVICE, {"metadata": {"name": f"d{i}", "namespace": namespace, "resourceVersion": rv()}}, True
 

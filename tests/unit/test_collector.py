@@ -217,8 +217,15 @@ def test_a_fresh_bind_request_is_left_alone() -> None:
 def test_a_class_keeps_its_finalizer_until_no_device_names_it() -> None:
     """§6.5: the collector adds the class's finalizer; a deleted class goes only once its last device has."""
     collector, _, view, kube = _collector()
-    cls = kube.put(kinds.GPU_CLASS, {"apiVersion": API_VERSION, "kind": "GPUClass", "metadata": {"name": "a10"},
-                                     "spec": {"mode": "passthrough", "resourceName": "nvidia.com/A10"}})  # fmt: skip
+    cls = kube.put(
+        kinds.GPU_CLASS,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "GPUClass",
+            "metadata": {"name": "a10"},
+            "spec": {"mode": "passthrough", "resourceName": "nvidia.com/A10"},
+        },
+    )
     view.apply(kinds.GPU_CLASS, cls)
     _seen(view, kube, device())
 

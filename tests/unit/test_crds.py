@@ -39,8 +39,9 @@ def test_checked_in_crds_match_the_models(directory: str) -> None:
 
 def crds(*args: str) -> subprocess.CompletedProcess[str]:
     """`cozygpu crds` in a process of its own (the CLI configures logging for its process)."""
-    return subprocess.run([sys.executable, "-m", "cozygpu.cli", "crds", *args], capture_output=True, text=True,
-                          check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cozygpu.cli", "crds", *args], capture_output=True, text=True, check=False
+    )
 
 
 def test_the_crds_check_fails_on_drift_in_either_copy(tmp_path: Path) -> None:

@@ -71,8 +71,11 @@ def test_a_device_being_deleted_never_moves() -> None:
     doomed = _idle("doomed", 2, "n1")
     doomed["metadata"]["deletionTimestamp"] = EPOCH.isoformat()
     doomed["metadata"]["finalizers"] = ["x"]
-    c = cluster(nodes=[node("n1", {A10: 8}), node("n2", {A10: 8})], classes=[gpu_class("a10")],
-                devices=[doomed, _idle("busy", 2, "n2", status=ATTACHED)])  # fmt: skip
+    c = cluster(
+        nodes=[node("n1", {A10: 8}), node("n2", {A10: 8})],
+        classes=[gpu_class("a10")],
+        devices=[doomed, _idle("busy", 2, "n2", status=ATTACHED)],
+    )
     assert plan_room(c, _order(c), limit=4) is None
 
 
@@ -121,8 +124,9 @@ def test_two_moves_into_one_node_never_fill_it_past_its_units() -> None:
 
 def test_a_device_that_turns_idle_raises_reach_for_the_classes_its_node_serves() -> None:
     """The view's hint (§5.7): detaching a held device is news for the class's oldest waiting order."""
-    c = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
-                devices=[_idle("held", 2, "n1", status=ATTACHED)])  # fmt: skip
+    c = cluster(
+        nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], devices=[_idle("held", 2, "n1", status=ATTACHED)]
+    )
     assert list(c.reach_fit(A10, 7)) == []
     change = View(c).apply(kinds.GPU_DEVICE, _idle("held", 2, "n1"))
     assert change.reach == {"a10"} and list(c.reach_fit(A10, 8)) == ["n1"]
@@ -146,8 +150,12 @@ def _clouds(draw: st.DrawFn) -> tuple[Cluster, list[Any], int]:
             used += count
             i = len(bodies)
             kind = draw(st.sampled_from(["idle", "idle", "idle", "attached", "template", "requested"]))
-            status = {"idle": {}, "attached": ATTACHED, "template": {},
-                      "requested": request(f"r{i}", f"vm{i}", [f"d{i}"], EPOCH)}[kind]  # fmt: skip
+            status = {
+                "idle": {},
+                "attached": ATTACHED,
+                "template": {},
+                "requested": request(f"r{i}", f"vm{i}", [f"d{i}"], EPOCH),
+            }[kind]
             cls = draw(st.sampled_from(["a10", "a10", "a10-local"]))
             bodies.append(_idle(f"d{i}", count, f"n{at}", class_name=cls, template=kind == "template", status=status))
     c = cluster(nodes=[node(f"n{i}", {A10: s}) for i, s in enumerate(sizes)], classes=classes, devices=bodies)
@@ -192,11 +200,17 @@ def test_a_set_with_a_member_bound_on_a_node_is_planned_there_too() -> None:
     """A VM start whose held device is Bound on X needs less on X: one move off X makes room there, and the
     planner looks at X although X's reach is below the set's whole size."""
     asked = request("r", "v", ["s", "v-gpu-1"], EPOCH)
-    c = cluster(nodes=[node("X", {A10: 8}), node("Y", {A10: 8})], classes=[gpu_class("a10")], devices=[
-        _idle("s", 2, "X", status=asked), device("v-gpu-1", count=2, template=True, status=asked),
-        _idle("o", 2, "X", namespace="other"), _idle("a", 4, "X", namespace="other", status=ATTACHED),
-        _idle("y", 6, "Y", namespace="other", status=ATTACHED),
-    ])  # fmt: skip
+    c = cluster(
+        nodes=[node("X", {A10: 8}), node("Y", {A10: 8})],
+        classes=[gpu_class("a10")],
+        devices=[
+            _idle("s", 2, "X", status=asked),
+            device("v-gpu-1", count=2, template=True, status=asked),
+            _idle("o", 2, "X", namespace="other"),
+            _idle("a", 4, "X", namespace="other", status=ATTACHED),
+            _idle("y", 6, "Y", namespace="other", status=ATTACHED),
+        ],
+    )
     mine = [c.device("t1", "s"), c.device("t1", "v-gpu-1")]
     assert all(d is not None for d in mine)
     plan = plan_room(c, [d for d in mine if d is not None], limit=4)
@@ -205,9 +219,14 @@ def test_a_set_with_a_member_bound_on_a_node_is_planned_there_too() -> None:
 
 def test_a_device_an_open_request_names_is_not_movable_before_it_carries_the_request() -> None:
     """§4: the webhook writes a set's request device by device; a device named but not yet written is that VM's."""
-    c = cluster(nodes=[node("X", {A10: 8})], classes=[gpu_class("a10")], devices=[
-        _idle("h1", 2, "X", status=request("r", "v", ["h1", "h2"], EPOCH)), _idle("h2", 2, "X"),
-    ])  # fmt: skip
+    c = cluster(
+        nodes=[node("X", {A10: 8})],
+        classes=[gpu_class("a10")],
+        devices=[
+            _idle("h1", 2, "X", status=request("r", "v", ["h1", "h2"], EPOCH)),
+            _idle("h2", 2, "X"),
+        ],
+    )
     h2 = c.device("t1", "h2")
     assert h2 is not None and h2.idle and not movable(c, h2)
 
@@ -234,8 +253,9 @@ def test_a_device_moves_only_once_idle_long_enough_and_is_idle_anew_where_it_lan
 
 def test_only_more_reach_is_news_not_a_device_recounted_where_it_was() -> None:
     """§14.3: a label on an attached device (uncounted, counted again) raises no reach; its VM stopping does."""
-    c = cluster(nodes=[node("X", {A10: 8})], classes=[gpu_class("a10")],
-                devices=[_idle("held", 2, "X", status=ATTACHED)])  # fmt: skip
+    c = cluster(
+        nodes=[node("X", {A10: 8})], classes=[gpu_class("a10")], devices=[_idle("held", 2, "X", status=ATTACHED)]
+    )
     labelled = _idle("held", 2, "X", status=ATTACHED)
     labelled["metadata"]["labels"] = {"team": "x"}
     assert View(c).apply(kinds.GPU_DEVICE, labelled).reach == frozenset()

@@ -106,8 +106,11 @@ def test_a_held_device_detached_for_a_restart_is_not_moved_and_the_restart_keeps
     new VMI gets the same node, while another tenant's order keeps waiting."""
     binder, view, kube = _cloud({"n1": 8, "n2": 8}, idle_after=60)
     _seen(view, kube, device("h", count=2, namespace="vm", phase="Bound", node_name="n1", status=_attached("v")))
-    _seen(view, kube, device("v-gpu-1", count=2, namespace="vm", phase="Bound", node_name="n1", template=True,
-                             status=_attached("v")))  # fmt: skip
+    _seen(
+        view,
+        kube,
+        device("v-gpu-1", count=2, namespace="vm", phase="Bound", node_name="n1", template=True, status=_attached("v")),
+    )
     _seen(view, kube, device("f1", count=2, namespace="x", phase="Bound", node_name="n1", status=_attached("w1")))
     _seen(view, kube, device("f2", count=6, namespace="x", phase="Bound", node_name="n2", status=_attached("w2")))
     _seen(view, kube, device("big", count=4, created=10))
@@ -225,8 +228,11 @@ def test_other_tenants_are_answered_while_a_move_is_being_written() -> None:
         slow = kube.hold_status_write("b")
         _seen(view, kube, device("eight", count=8, namespace="a", created=10))  # fits once b leaves X
         moving = await _until(lambda: view.cluster.assumed("b", "b"))
-        _seen(view, kube, device("small", count=2, namespace="t3", phase="Pending",
-                                 status=request("r3", "v3", ["small"], now())))  # fmt: skip
+        _seen(
+            view,
+            kube,
+            device("small", count=2, namespace="t3", phase="Pending", status=request("r3", "v3", ["small"], now())),
+        )
         answered = await _until(lambda: _result(kube, "t3", "small") is not None)
         slow.set()
         placed = await _until(lambda: _where(kube, "a", "eight") is not None)

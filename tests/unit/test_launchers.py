@@ -47,8 +47,9 @@ def launcher(
     return body
 
 
-def attached(name: str, cls: str, count: int, node: str | None, *, vmi: str = "vm", uid: str | None = "u1",
-             phase: str = "Bound") -> GPUDevice:  # fmt: skip
+def attached(
+    name: str, cls: str, count: int, node: str | None, *, vmi: str = "vm", uid: str | None = "u1", phase: str = "Bound"
+) -> GPUDevice:
     status: dict[str, Any] = {"attachedTo": {"vmi": vmi, "since": EPOCH.isoformat(), **({"uid": uid} if uid else {})}}
     return GPUDevice.from_wire(device(name, cls, count, phase=phase, node_name=node, status=status))
 
@@ -60,8 +61,9 @@ def judge(
     pod: dict[str, Any], devices: list[GPUDevice], user: str = CONTROLLER, *, vmis: Sequence[dict[str, Any]] = ()
 ) -> launchers.Verdict:
     """As the pod webhook judges: with the set the view holds for the pod's VMI (`Cluster.set_of`)."""
-    view = cluster(classes=[gpu_class("a10", A10), gpu_class("l40s", L40S, mode="vgpu")],
-                   devices=[d.wire() for d in devices])  # fmt: skip
+    view = cluster(
+        classes=[gpu_class("a10", A10), gpu_class("l40s", L40S, mode="vgpu")], devices=[d.wire() for d in devices]
+    )
     for vmi in vmis:
         View(view).apply(kinds.VMI, vmi)
     owner = pods.owner_vmi(pod)
@@ -204,8 +206,9 @@ class TestARestartOfTheName:
         """§6.7: a new VMI of the name took the set over; its launcher is refused, naming the old pod, until the
         previous guest has let the units go."""
         devices = [attached("g", "a10", 1, "n1")]
-        verdict = launchers.judge(launcher({A10: "1"}), CONTROLLER, CONTROLLER, devices, CLASSES,
-                                  previous=["t1/virt-launcher-vm-old"])  # fmt: skip
+        verdict = launchers.judge(
+            launcher({A10: "1"}), CONTROLLER, CONTROLLER, devices, CLASSES, previous=["t1/virt-launcher-vm-old"]
+        )
         assert verdict.refusal is not None and "previous guest of VMI vm still holds its GPUs" in verdict.refusal
         assert "t1/virt-launcher-vm-old" in verdict.refusal
         assert launchers.judge(launcher({A10: "1"}), CONTROLLER, CONTROLLER, devices, CLASSES).node == "n1"

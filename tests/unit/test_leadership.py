@@ -11,8 +11,15 @@ TERM = dt.timedelta(seconds=15)
 
 
 def lease(holder: str, renewed: dt.datetime, transitions: int = 2) -> dict[str, object]:
-    return {"spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "renewTime": micro_time(renewed),
-                     "acquireTime": micro_time(renewed), "leaseTransitions": transitions}}  # fmt: skip
+    return {
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": 15,
+            "renewTime": micro_time(renewed),
+            "acquireTime": micro_time(renewed),
+            "leaseTransitions": transitions,
+        }
+    }
 
 
 def test_no_lease_is_created_with_me_holding_it() -> None:

@@ -27,8 +27,11 @@ USER = "system:serviceaccount:t1:tenant"
 def _replica(kube: MemKube, *, ledger: bool = True) -> Validation:
     """A replica's device webhook: its own view (a budget of 2 A10 units in t1, nothing created yet), its own
     reservations, and the cluster's one API."""
-    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
-                   budgets=[budget("cap", namespace="t1", limits={"a10": 2})])  # fmt: skip
+    view = cluster(
+        nodes=[node("n1", {A10: 8})],
+        classes=[gpu_class("a10")],
+        budgets=[budget("cap", namespace="t1", limits={"a10": 2})],
+    )
     reservations = Reservations(ttl=30)
     shared = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device) if ledger else None
     return Validation(view, reservations, ledger=shared)
@@ -64,7 +67,11 @@ def test_without_the_ledger_two_replicas_together_exceed_the_budget() -> None:
     """The gap the ledger closes: per-process reservations do not see each other (the test above fails so)."""
     kube = MemKube()
     assert _admitted([_replica(kube, ledger=False), _replica(kube, ledger=False)], ["a", "b", "c", "d"]) == [
-        "a", "b", "c", "d"]  # fmt: skip
+        "a",
+        "b",
+        "c",
+        "d",
+    ]
 
 
 def _another_replica_writes_b_before_the_next_write(kube: MemKube) -> None:
@@ -98,8 +105,9 @@ def test_an_order_the_view_has_seen_is_counted_once() -> None:
     a = _replica(kube)
     assert asyncio.run(_create(a, "a", "r1"))
     cap = budget("cap", namespace="t1", limits={"a10": 2})
-    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], budgets=[cap],
-                   devices=[device("a", phase="Pending")])  # fmt: skip
+    view = cluster(
+        nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], budgets=[cap], devices=[device("a", phase="Pending")]
+    )
     reservations = Reservations(ttl=30)
     b = Validation(
         view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device)
@@ -127,11 +135,16 @@ def test_a_budget_over_two_namespaces_holds_when_each_replica_admits_in_another(
 
     def replica() -> Validation:
         org = budget("org", namespace="t1", limits={"a10": 2}, namespaceSelector={"matchLabels": {"org": "x"}})
-        view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], budgets=[org],
-                       namespaces={"t1": {"org": "x"}, "t2": {"org": "x"}})  # fmt: skip
+        view = cluster(
+            nodes=[node("n1", {A10: 8})],
+            classes=[gpu_class("a10")],
+            budgets=[org],
+            namespaces={"t1": {"org": "x"}, "t2": {"org": "x"}},
+        )
         reservations = Reservations(ttl=30)
-        return Validation(view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view,
-                                                             mine=reservations.holds_device))  # fmt: skip
+        return Validation(
+            view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device)
+        )
 
     a, b = replica(), replica()
 
@@ -156,11 +169,15 @@ async def _create_in(replica: Validation, namespace: str, name: str, review: str
 
 def _replica_of(kube: MemKube, limit: int) -> tuple[Validation, View]:
     """A replica with a budget of `limit` A10 units in t1, and its view to feed as its watch would."""
-    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
-                   budgets=[budget("cap", namespace="t1", limits={"a10": limit})])  # fmt: skip
+    view = cluster(
+        nodes=[node("n1", {A10: 8})],
+        classes=[gpu_class("a10")],
+        budgets=[budget("cap", namespace="t1", limits={"a10": limit})],
+    )
     reservations = Reservations(ttl=30)
-    return Validation(view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view,
-                                                         mine=reservations.holds_device)), View(view)  # fmt: skip
+    return Validation(
+        view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device)
+    ), View(view)
 
 
 async def _create_as(replica: Validation, name: str, count: int, uid: str) -> bool:
@@ -218,12 +235,17 @@ def test_a_tenants_burst_of_creates_does_not_queue_another_tenants_create_behind
     the first ledger writes, with the burst's orders, not after one ledger round trip per create of the burst
     ahead of it (20 before it, under the one lock every held create took across its ledger write)."""
     kube = MemKube()
-    view = cluster(nodes=[node("n1", {A10: 64})], classes=[gpu_class("a10")],
-                   budgets=[budget("big", namespace="t1", limits={"a10": 64}),
-                            budget("cap", namespace="t2", limits={"a10": 1})])  # fmt: skip
+    view = cluster(
+        nodes=[node("n1", {A10: 64})],
+        classes=[gpu_class("a10")],
+        budgets=[budget("big", namespace="t1", limits={"a10": 64}), budget("cap", namespace="t2", limits={"a10": 1})],
+    )
     reservations = Reservations(ttl=30)
-    replica = Validation(view, reservations, ledger=Ledger(cast(AsyncKube, _Distant(kube)), OPS, 30, view,
-                                                            mine=reservations.holds_device))  # fmt: skip
+    replica = Validation(
+        view,
+        reservations,
+        ledger=Ledger(cast(AsyncKube, _Distant(kube)), OPS, 30, view, mine=reservations.holds_device),
+    )
 
     def ledger_writes() -> int:
         return sum(1 for method, kind, _ in kube.calls if kind == "ConfigMap" and method in ("create", "replace"))
@@ -250,12 +272,17 @@ def test_a_tenants_burst_of_creates_does_not_queue_another_tenants_create_behind
 
 
 def _two_tenants(kube: MemKube) -> Validation:
-    view = cluster(nodes=[node("n1", {A10: 64})], classes=[gpu_class("a10")],
-                   budgets=[budget("big", namespace="t1", limits={"a10": 64}),
-                            budget("cap", namespace="t2", limits={"a10": 1})])  # fmt: skip
+    view = cluster(
+        nodes=[node("n1", {A10: 64})],
+        classes=[gpu_class("a10")],
+        budgets=[budget("big", namespace="t1", limits={"a10": 64}), budget("cap", namespace="t2", limits={"a10": 1})],
+    )
     reservations = Reservations(ttl=30)
-    return Validation(view, reservations, ledger=Ledger(cast(AsyncKube, _Distant(kube)), OPS, 30, view,
-                                                         mine=reservations.holds_device))  # fmt: skip
+    return Validation(
+        view,
+        reservations,
+        ledger=Ledger(cast(AsyncKube, _Distant(kube)), OPS, 30, view, mine=reservations.holds_device),
+    )
 
 
 async def _outcome(replica: Validation, namespace: str, name: str) -> str:
@@ -373,9 +400,14 @@ def test_one_namespace_flooding_the_ledger_is_refused_before_it_fills_and_anothe
     tenant's orders); held orders fill it only so far: past that, the namespace holding more than its share is
     refused, its message naming it, while another namespace's order is admitted."""
     kube = MemKube()
-    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
-                   budgets=[budget("big", namespace="t1", limits={"a10": 10_000}),
-                            budget("cap", namespace="t2", limits={"a10": 10})])  # fmt: skip
+    view = cluster(
+        nodes=[node("n1", {A10: 8})],
+        classes=[gpu_class("a10")],
+        budgets=[
+            budget("big", namespace="t1", limits={"a10": 10_000}),
+            budget("cap", namespace="t2", limits={"a10": 10}),
+        ],
+    )
     reservations = Reservations(ttl=30)
     ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device, held_bytes=4096)
     replica = Validation(view, reservations, ledger=ledger)
@@ -398,8 +430,11 @@ def test_held_orders_never_take_the_ledger_past_its_most_however_many_namespaces
     still stop where the room for held orders ends (HELD_MAX, as a part of `held_bytes`), so tenants spread over many
     namespaces cannot fill the ledger for the binder's orders either (by shares alone it would reach twice the room)."""
     kube = MemKube()
-    view = cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
-                   budgets=[budget(f"b{i}", namespace=f"t{i}", limits={"a10": 1000}) for i in range(251)])  # fmt: skip
+    view = cluster(
+        nodes=[node("n1", {A10: 8})],
+        classes=[gpu_class("a10")],
+        budgets=[budget(f"b{i}", namespace=f"t{i}", limits={"a10": 1000}) for i in range(251)],
+    )
     reservations = Reservations(ttl=30)
     ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device, held_bytes=16384)
     replica = Validation(view, reservations, ledger=ledger)
@@ -418,8 +453,10 @@ def test_held_orders_never_take_the_ledger_past_its_most_however_many_namespaces
 def test_an_entrys_size_is_never_less_than_it_takes_in_the_config_map() -> None:
     """The room is counted without writing entries out: the estimate is never below what is written, so the ledger
     cannot pass the API server's limit by an estimate too low."""
-    entries = [Entry("t1", "d", "a10", 1, time.time() + 30), Entry("n" * 63, "x" * 253, "c" * 253, 10**6,
-               time.time() + 30, "u" * 36, time.time())]  # fmt: skip
+    entries = [
+        Entry("t1", "d", "a10", 1, time.time() + 30),
+        Entry("n" * 63, "x" * 253, "c" * 253, 10**6, time.time() + 30, "u" * 36, time.time()),
+    ]
     for e in entries:
         key = _key(e.namespace, e.name)
         assert len(key) + len(_value(e)) <= _size(key, e) <= len(key) + len(_value(e)) + 64

@@ -24,8 +24,9 @@ def attached(vmi: str = "vm", uid: str | None = None, **kw: Any) -> dict[str, An
     return device("d", phase="Bound", node_name="n1", status={"attachedTo": a}, **kw)
 
 
-def with_vmi(uid: str | None, names: str = '[{"deviceTemplate": {"className": "a", "count": 1}}, {"device": "d"}]'
-             ) -> Cluster:  # fmt: skip
+def with_vmi(
+    uid: str | None, names: str = '[{"deviceTemplate": {"className": "a", "count": 1}}, {"device": "d"}]'
+) -> Cluster:
     """A view with VMI `vm` of this uid, naming template device `vm-gpu-0` and held device `d` by default."""
     c = cluster()
     if uid:

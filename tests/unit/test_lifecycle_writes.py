@@ -16,9 +16,19 @@ OTHER = "example.com/keep-me"
 
 def in_use(**kw: Any) -> GPUDevice:
     """A Bound device attached to VMI vm with an open request, protected, with a condition to keep."""
-    status = {**request("r1", "vm", ["d"], EPOCH), "message": "why", "conditions": [
-        {"type": "Placed", "status": "True", "reason": "Bound", "message": "", "lastTransitionTime": EPOCH.isoformat()}
-    ]}  # fmt: skip
+    status = {
+        **request("r1", "vm", ["d"], EPOCH),
+        "message": "why",
+        "conditions": [
+            {
+                "type": "Placed",
+                "status": "True",
+                "reason": "Bound",
+                "message": "",
+                "lastTransitionTime": EPOCH.isoformat(),
+            }
+        ],
+    }
     body = device("d", phase="Bound", node_name="n1", status=status, **kw)
     body["metadata"]["finalizers"] = [OTHER, FINALIZER_IN_USE]
     return GPUDevice.from_wire(body)

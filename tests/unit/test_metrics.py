@@ -36,11 +36,16 @@ def view() -> Cluster:
             device("asked", status=request("r1", "vm", ["asked"], EPOCH)),
         ],
     )
-    View(c).apply(kinds.GPU_NODE, {
-        "metadata": {"name": "n1", "resourceVersion": "1"},
-        "status": {"resources": [{"name": A10, "allocatable": 4, "held": 2, "free": 2}],
-                   "conditions": [{"type": "LostCapacity", "status": "False"}]},
-    })  # fmt: skip
+    View(c).apply(
+        kinds.GPU_NODE,
+        {
+            "metadata": {"name": "n1", "resourceVersion": "1"},
+            "status": {
+                "resources": [{"name": A10, "allocatable": 4, "held": 2, "free": 2}],
+                "conditions": [{"type": "LostCapacity", "status": "False"}],
+            },
+        },
+    )
     held = budget("cap", limits={"a10": 3}, total=5)
     held["status"] = {"used": {"a10": 4}, "usedTotal": 4, "conditions": [{"type": "OverBudget", "status": "True"}]}
     View(c).apply(kinds.GPU_BUDGET, held)
@@ -90,8 +95,17 @@ def test_latencies_are_observed_by_webhook_and_result() -> None:
 
 def placed_false(since: dt.datetime, reason: str = "Unschedulable") -> dict[str, Any]:
     """A status's Placed condition as the binder writes it for a device that waits (decisions.transitions)."""
-    return {"conditions": [{"type": "Placed", "status": "False", "reason": reason, "message": "waiting",
-                            "lastTransitionTime": since.isoformat()}]}  # fmt: skip
+    return {
+        "conditions": [
+            {
+                "type": "Placed",
+                "status": "False",
+                "reason": reason,
+                "message": "waiting",
+                "lastTransitionTime": since.isoformat(),
+            }
+        ]
+    }
 
 
 def waited(metrics: Metrics) -> dict[tuple[tuple[str, str], ...], float]:

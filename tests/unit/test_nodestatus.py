@@ -110,8 +110,9 @@ def with_pods(c: Cluster, *bodies: dict[str, Any]) -> Cluster:
 
 
 def a10_node(allocatable: int = 4, devices: Sequence[dict[str, Any]] = ()) -> Cluster:
-    return cluster(nodes=[node("n1", {A10: allocatable}), node("n2", {A10: 4})], classes=[gpu_class("a10")],
-                   devices=devices)  # fmt: skip
+    return cluster(
+        nodes=[node("n1", {A10: allocatable}), node("n2", {A10: 4})], classes=[gpu_class("a10")], devices=devices
+    )
 
 
 def only(status: GPUNodeStatus | None) -> NodeResource:

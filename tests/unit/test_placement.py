@@ -214,20 +214,25 @@ def test_placement_is_deterministic(s: dict[str, Any], seed: int) -> None:
 
 @settings(max_examples=80, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(0, 6), st.booleans(), st.booleans(), st.sampled_from(["x", "y"])), min_size=1,
-             max_size=8),
+    st.lists(
+        st.tuples(st.integers(0, 6), st.booleans(), st.booleans(), st.sampled_from(["x", "y"])), min_size=1, max_size=8
+    ),
     st.lists(st.tuples(st.integers(0, 7), st.integers(1, 3), st.booleans()), max_size=12),
     st.integers(1, 4),
-)  # fmt: skip
+)
 def test_best_fit_places_a_new_set_where_looking_at_every_node_would(
     shapes: list[tuple[int, bool, bool, str]], held_devices: list[tuple[int, int, bool]], units: int
 ) -> None:
     """§5.3, §13.1: the view's best-fit order finds the node the scan over every node finds (or says why not),
     whatever the nodes' sizes, readiness, cordons, labels and the devices already Bound."""
-    nodes = [node(f"n{i}", {A10: size}, ready=ready, unschedulable=cordoned, labels={"zone": zone})
-             for i, (size, ready, cordoned, zone) in enumerate(shapes)]  # fmt: skip
-    bound = [device(f"h{j}", count=n, phase="Bound", node_name=f"n{i % len(shapes)}", created=j)
-             for j, (i, n, _) in enumerate(held_devices)]  # fmt: skip
+    nodes = [
+        node(f"n{i}", {A10: size}, ready=ready, unschedulable=cordoned, labels={"zone": zone})
+        for i, (size, ready, cordoned, zone) in enumerate(shapes)
+    ]
+    bound = [
+        device(f"h{j}", count=n, phase="Bound", node_name=f"n{i % len(shapes)}", created=j)
+        for j, (i, n, _) in enumerate(held_devices)
+    ]
     c = cluster(nodes=nodes, classes=[gpu_class("a10", nodeSelector={"zone": "x"})], devices=bound)
     for j, (_, _, freed) in enumerate(held_devices):
         if freed:

@@ -200,15 +200,35 @@ def test_unmanaged_units_always_match_a_recount(ops: list[tuple[str, int, int]])
         if op == "pod":
             View(c).apply(kinds.POD, pod(f"p{i}", {A10: 1 + j}, node=f"n{j}", version=v))
         elif op == "launcher":  # of VMI object u0 or u1 of the name
-            View(c).apply(kinds.POD, pod(f"virt-launcher-vm{i}-{j % 2}", {A10: 1 + j}, node=f"n{j}", vmi=f"vm{i}",
-                               vmi_uid=f"u{j % 2}", version=v))  # fmt: skip
+            View(c).apply(
+                kinds.POD,
+                pod(
+                    f"virt-launcher-vm{i}-{j % 2}",
+                    {A10: 1 + j},
+                    node=f"n{j}",
+                    vmi=f"vm{i}",
+                    vmi_uid=f"u{j % 2}",
+                    version=v,
+                ),
+            )
         elif op == "vmi":  # VMI object u0 or u1 of the name, naming its template device or not
             names = '[{"deviceTemplate": {"className": "a10", "count": 1}}]' if j else '[{"device": "x"}]'
-            View(c).apply(kinds.VMI, {"metadata": {"namespace": "t1", "name": f"vm{i}", "uid": f"u{j % 2}",
-                    "resourceVersion": str(v), "annotations": {ANNOTATION_DEVICES: names}}})  # fmt: skip
+            View(c).apply(
+                kinds.VMI,
+                {
+                    "metadata": {
+                        "namespace": "t1",
+                        "name": f"vm{i}",
+                        "uid": f"u{j % 2}",
+                        "resourceVersion": str(v),
+                        "annotations": {ANNOTATION_DEVICES: names},
+                    }
+                },
+            )
         elif op == "novmi":
-            View(c).apply(kinds.VMI, {"metadata": {"namespace": "t1", "name": f"vm{i}",
-                    "resourceVersion": str(v)}}, deleted=True)  # fmt: skip
+            View(c).apply(
+                kinds.VMI, {"metadata": {"namespace": "t1", "name": f"vm{i}", "resourceVersion": str(v)}}, deleted=True
+            )
         elif op == "record":  # the collector records a uid on the device, or not yet
             d = c.device("t1", f"vm{i}-gpu-0")
             if d is not None:
@@ -219,8 +239,13 @@ def test_unmanaged_units_always_match_a_recount(ops: list[tuple[str, int, int]])
         elif op == "end":
             View(c).apply(kinds.POD, pod(f"p{i}", node=f"n{j}", phase="Succeeded", version=v))
         elif op == "bind":
-            body = device(f"vm{i}-gpu-0", count=1 + j % 2, phase="Bound", node_name=f"n{j}",
-                          status={"attachedTo": {"vmi": f"vm{i}"}})  # fmt: skip
+            body = device(
+                f"vm{i}-gpu-0",
+                count=1 + j % 2,
+                phase="Bound",
+                node_name=f"n{j}",
+                status={"attachedTo": {"vmi": f"vm{i}"}},
+            )
             body["metadata"]["resourceVersion"] = str(v)
             View(c).apply(kinds.GPU_DEVICE, body)
         elif op == "unbind":

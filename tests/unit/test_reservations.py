@@ -31,8 +31,10 @@ def create(v: Validation, name: str, count: int, class_name: str = "a10") -> str
 def test_a_duplicate_create_in_flight_cannot_shrink_the_first_ones_reservation() -> None:
     """§14: with `total: 4`, creating `a` (3), `a` again (1) and `b` (3) before the view sees any: the second
     `a` is refused (the API server would turn it away after admission), so `b` meets the 3 units `a` holds."""
-    v = Validation(cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
-                           budgets=[budget("b", "t1", total=4)]), Reservations(ttl=30))  # fmt: skip
+    v = Validation(
+        cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], budgets=[budget("b", "t1", total=4)]),
+        Reservations(ttl=30),
+    )
     assert create(v, "a", 3) is None
     assert create(v, "a", 1) == "GPUDevice a already exists in namespace t1, or is being created"
     refusal = create(v, "b", 3)
@@ -42,8 +44,10 @@ def test_a_duplicate_create_in_flight_cannot_shrink_the_first_ones_reservation()
 def test_a_create_of_a_name_the_view_holds_reserves_nothing() -> None:
     """A create of a device that exists is refused before it reserves: no phantom order against the budget."""
     reservations = Reservations(ttl=30)
-    v = Validation(cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")],
-                           devices=[device("a", phase="Pending")]), reservations)  # fmt: skip
+    v = Validation(
+        cluster(nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], devices=[device("a", phase="Pending")]),
+        reservations,
+    )
     assert create(v, "a", 2) is not None
     assert reservations.orders() == []
 

@@ -19,16 +19,23 @@ LATE = EPOCH + dt.timedelta(minutes=5)
 VM_REF = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "vm", "uid": "vm-uid"}
 
 
-def template(*, owner: dict[str, Any] | None = VM_REF, uid: str | None = "u1", kept: dt.datetime | None = None
-             ) -> GPUDevice:  # fmt: skip
+def template(
+    *, owner: dict[str, Any] | None = VM_REF, uid: str | None = "u1", kept: dt.datetime | None = None
+) -> GPUDevice:
     """Template device vm-gpu-0, Bound on n1, attached to VMI vm (claimed by `uid`), owned by `owner`."""
     attached: dict[str, Any] = {"vmi": "vm", "since": EPOCH.isoformat()}
     if uid:
         attached["uid"] = uid
     status: dict[str, Any] = {"attachedTo": attached}
     if kept is not None:
-        status["conditions"] = [{"type": CONDITION_KEPT, "status": "True", "reason": "VirtualMachineRestarting",
-                                 "lastTransitionTime": kept.isoformat()}]  # fmt: skip
+        status["conditions"] = [
+            {
+                "type": CONDITION_KEPT,
+                "status": "True",
+                "reason": "VirtualMachineRestarting",
+                "lastTransitionTime": kept.isoformat(),
+            }
+        ]
     body = device("vm-gpu-0", phase="Bound", node_name="n1", template=True, status=status)
     body["metadata"]["finalizers"] = [FINALIZER_IN_USE]
     body["metadata"]["ownerReferences"] = [owner] if owner else []
@@ -66,8 +73,9 @@ def test_a_template_device_of_a_vm_controlled_vmi_is_owned_by_the_vm() -> None:
 
 def test_a_bare_vmis_template_device_is_still_owned_by_the_vmi() -> None:
     """§6.6: a VMI no VM controls keeps §6.2's lifetime."""
-    [own] = [a for a in device_actions(vmi("u1", vm=False), template(owner=None, uid=None), SOON, GRACE)
-             if a.do is Do.OWN]  # fmt: skip
+    [own] = [
+        a for a in device_actions(vmi("u1", vm=False), template(owner=None, uid=None), SOON, GRACE) if a.do is Do.OWN
+    ]
     assert (own.vm, own.uid) == ("", "u1")
 
 
@@ -79,8 +87,10 @@ def test_the_vmi_gone_asks_for_the_vm_then_keeps_the_device_while_it_wants_to_ru
     assert keep.do is Do.KEEP
     status = status_after(template(), keep)
     assert status.phase is not None and status.node_name == "n1" and status.attached_to is not None
-    assert GPUDevice.from_wire({**template().wire(), "status": status.model_dump(by_alias=True, mode="json")}
-                               ).kept_since == SOON  # fmt: skip
+    assert (
+        GPUDevice.from_wire({**template().wire(), "status": status.model_dump(by_alias=True, mode="json")}).kept_since
+        == SOON
+    )
 
 
 def test_a_kept_device_stays_until_the_grace_period_then_goes() -> None:
@@ -99,8 +109,9 @@ def test_a_vm_that_stops_or_goes_lets_its_kept_device_go() -> None:
 
 def test_a_bare_vmis_template_device_goes_with_it() -> None:
     """§6.2 unchanged for a VMI no VM controls: no read, deleted at once."""
-    assert dos(device_actions(vmi(None), template(owner={**VM_REF, "kind": "VirtualMachineInstance"}), SOON,
-                              GRACE)) == [Do.DELETE]  # fmt: skip
+    assert dos(
+        device_actions(vmi(None), template(owner={**VM_REF, "kind": "VirtualMachineInstance"}), SOON, GRACE)
+    ) == [Do.DELETE]
 
 
 def test_the_next_vmi_recorded_on_the_device_ends_the_keep() -> None:
@@ -118,8 +129,9 @@ def test_an_unattached_device_of_a_vm_that_wants_to_run_is_kept_too() -> None:
     assert dos(device_actions(vmi(None), loose, LATE, GRACE, vm_runs=False)) == [Do.DELETE]
 
 
-def vm(strategy: str | None = None, *, running: bool | None = None, requests: list[str] = (), deleting: bool = False
-       ) -> dict[str, Any]:  # fmt: skip
+def vm(
+    strategy: str | None = None, *, running: bool | None = None, requests: list[str] = (), deleting: bool = False
+) -> dict[str, Any]:
     spec: dict[str, Any] = {}
     if strategy:
         spec["runStrategy"] = strategy

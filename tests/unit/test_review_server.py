@@ -27,8 +27,11 @@ LIFE = 0.5  # a connection's life under test (30 s by default)
 
 
 async def _allow(review: Any, **_: Any) -> dict[str, Any]:
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "response": {"uid": review["request"]["uid"], "allowed": True}}  # fmt: skip
+    return {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": review["request"]["uid"], "allowed": True},
+    }
 
 
 class Served:
@@ -62,16 +65,29 @@ class Served:
 
 
 def _head(length: int) -> bytes:
-    return (f"POST /{VMI_HOOK} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {length}\r\n\r\n").encode()  # fmt: skip
+    return (
+        f"POST /{VMI_HOOK} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {length}\r\n\r\n"
+    ).encode()
 
 
 def _review() -> bytes:
     gvr = {"group": "kubevirt.io", "version": "v1", "resource": "virtualmachineinstances"}
     vmi = {"metadata": {"name": "vm", "namespace": "tenant-a"}}
-    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "u-1", "resource": gvr, "userInfo": {"username": "someone"}, "operation": "CREATE",
-        "namespace": "tenant-a", "object": vmi}}).encode()  # fmt: skip
+    return json.dumps(
+        {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1",
+                "resource": gvr,
+                "userInfo": {"username": "someone"},
+                "operation": "CREATE",
+                "namespace": "tenant-a",
+                "object": vmi,
+            },
+        }
+    ).encode()
 
 
 @pytest.fixture

@@ -27,8 +27,11 @@ def test_budget_status_counts_use_per_class_and_in_total() -> None:
 
 def test_a_lowered_budget_is_over_budget_and_says_so() -> None:
     """§7.3: OverBudget is True with what exceeds; nothing held is taken away."""
-    c = cluster(classes=[gpu_class("a10")], devices=[device("a", count=3, phase="Bound", node_name="n1")],
-                budgets=[budget("b", limits={"a10": 1}, total=2)])  # fmt: skip
+    c = cluster(
+        classes=[gpu_class("a10")],
+        devices=[device("a", count=3, phase="Bound", node_name="n1")],
+        budgets=[budget("b", limits={"a10": 1}, total=2)],
+    )
     condition = budget_status(c, c.budgets[("t1", "b")], EPOCH).conditions[0]
     assert condition.status is ConditionStatus.TRUE
     assert "GPUClass a10: 3 used, limit 1" in condition.message

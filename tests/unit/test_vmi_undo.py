@@ -34,8 +34,12 @@ def _admission() -> tuple[VMIAdmission, MemKube]:
 
 
 def _vmi(*refs: Body) -> Body:
-    meta = {"name": "v", "namespace": NS, "labels": {LABEL_DEVICE_REFERENCE: TRUE},
-            "annotations": {ANNOTATION_DEVICES: json.dumps(list(refs))}}  # fmt: skip
+    meta = {
+        "name": "v",
+        "namespace": NS,
+        "labels": {LABEL_DEVICE_REFERENCE: TRUE},
+        "annotations": {ANNOTATION_DEVICES: json.dumps(list(refs))},
+    }
     return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta, "spec": {}}
 
 

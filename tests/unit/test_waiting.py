@@ -80,8 +80,11 @@ def test_room_that_appears_mid_pass_goes_to_the_oldest_device_that_fits() -> Non
     """§5.5: with two units freed, the older two-unit device overtakes a younger one-unit one of its class;
     with one unit free only the younger fits, and nothing older stands in its way."""
     held = [device(f"h{i}", phase="Bound", node_name="n1") for i in range(2)]
-    c = cluster(nodes=[node("n1", {A10: 2})], classes=[gpu_class("a10")],
-                devices=[*held, device("old", count=2, created=1), device("young", created=2)])  # fmt: skip
+    c = cluster(
+        nodes=[node("n1", {A10: 2})],
+        classes=[gpu_class("a10")],
+        devices=[*held, device("old", count=2, created=1), device("young", created=2)],
+    )
     old, young = c.device("t1", "old"), c.device("t1", "young")
     assert old is not None and young is not None
     assert not overtakes(c, young) and not overtakes(c, old)  # nothing fits: nothing to give first
