@@ -63,8 +63,8 @@ from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, in_parallel
-from cozygpu.devcluster.ports import free_port
 from cozygpu.kube.adapter import AlreadyExists, ApiError, Body, Kube
+from cozygpu.ports import free_port
 
 NOWHERE = "nowhere"  # tenant A's backlog: a class whose nodeSelector matches no node
 TENANT_A, TENANT_B = "tenant-a", "tenant-b"

@@ -32,8 +32,8 @@ from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, in_parallel, wait_for
-from cozygpu.devcluster.ports import free_port
 from cozygpu.kube.adapter import ApiError, Body, Kube
+from cozygpu.ports import free_port
 
 DEVICE_RESOURCE = "example.com/gpu"
 POD_RESOURCE = "example.com/pod-gpu"

@@ -23,8 +23,8 @@ from cozygpu.api import kinds
 from cozygpu.api.names import gpu_entry_name
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.devcluster.ports import free_port
 from cozygpu.kube.adapter import ApiError, Kube
+from cozygpu.ports import free_port
 from cozygpu.runtime.admission import webhooks
 from tests.support.bodies import unique, vmi_body
 from tests.support.operators import start_operator, unregister_webhooks

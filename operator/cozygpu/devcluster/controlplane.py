@@ -30,8 +30,8 @@ from cozygpu.api import KINDS, crdgen, kinds
 from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.devcluster import binaries
 from cozygpu.devcluster.kubevirt import KubeVirt
-from cozygpu.devcluster.ports import free_port
 from cozygpu.kube.adapter import AlreadyExists, Kube
+from cozygpu.ports import free_port
 
 KUBEVIRT_CRDS = binaries.repo_root() / "tests" / "fixtures" / "kubevirt" / "crds.yaml"
 SERVICE_CIDR = "10.0.0.0/24"

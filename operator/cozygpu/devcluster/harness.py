@@ -25,8 +25,8 @@ import requests
 from cozygpu.api import kinds
 from cozygpu.api.meta import now
 from cozygpu.api.names import API_VERSION
-from cozygpu.devcluster.ports import free_port
 from cozygpu.kube.adapter import Body, Conflict, Kube
+from cozygpu.ports import free_port
 
 T = TypeVar("T")
 Item = TypeVar("Item")

@@ -21,8 +21,8 @@ import yaml
 from cozygpu.api import kinds
 from cozygpu.api.names import KUBEVIRT_API_VERSION
 from cozygpu.devcluster.kubelet import FakeKubelet
-from cozygpu.devcluster.ports import accepts, free_port
 from cozygpu.kube.adapter import AlreadyExists, Body, Kube
+from cozygpu.ports import accepts, free_port
 
 if TYPE_CHECKING:
     from cozygpu.devcluster.controlplane import ControlPlane

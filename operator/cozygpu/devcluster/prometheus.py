@@ -20,7 +20,7 @@ import yaml
 
 from cozygpu.devcluster.binaries import repo_root
 from cozygpu.devcluster.harness import stop_gently
-from cozygpu.devcluster.ports import free_port
+from cozygpu.ports import free_port
 
 JOB = "cozy-gpu-operator"  # the job the chart's ServiceMonitor names (jobLabel) and its rules read `up` by
 RULES = repo_root() / "charts" / "cozy-gpu-operator" / "files" / "prometheus-rules.yaml"

@@ -20,7 +20,6 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -32,6 +31,7 @@ from cozygpu.api.kinds import Kind
 from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.kube import credentials
 from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
+from cozygpu.ports import free_port
 from cozygpu.runtime.admission import webhooks
 from cozygpu.runtime.admission.calls import Turns
 from cozygpu.runtime.admission.gate import Gate
@@ -62,13 +62,6 @@ from cozygpu.state.cluster import Change, Cluster
 
 log = structlog.get_logger("cozygpu.operator")
 CLEANUP_STEP = 3.0  # seconds each API call of the clean-up may take before it is given up
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Operator:
@@ -257,7 +250,7 @@ class Operator:
         mode = self.settings.webhook_mode
         if mode == "dev":
             host = "127.0.0.1"
-            port = self.settings.webhook_port or _free_port(host)
+            port = self.settings.webhook_port or free_port(host)
             self.registration.serving = webhooks.dev_serving(host, port, self._client_ca)
             settings.admission.server = self.registration.serving.server
         elif mode == "cluster":
