@@ -27,7 +27,6 @@ from pydantic import ValidationError
 from cozygpu import __version__, logs
 from cozygpu.api import crdgen
 from cozygpu.devcluster import identity
-from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.runtime.process import handlers
 from cozygpu.settings import Settings
 
@@ -66,6 +65,9 @@ def _dev_cluster(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    # Imported here: `run` in production never starts a control plane, and should not load its tooling.
+    from cozygpu.devcluster.controlplane import ControlPlane  # noqa: PLC0415 (loaded only for dev-cluster)
+
     plane = ControlPlane(verbose=args.verbose, kubevirt=args.kubevirt)
     try:
         plane.start(timeout=180 if args.kubevirt else 120)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
@@ -163,3 +165,11 @@ def test_the_formatter_owns_the_layout() -> None:
         if line.rstrip().endswith(marker)
     ]
     assert skipped == []
+
+
+def test_the_cli_loads_no_control_plane_until_it_starts_one() -> None:
+    """Issue 35 item 8: `cozygpu run` in a cluster never starts a control plane, so importing the CLI loads none of
+    its tooling (certificates, binaries, KubeVirt); only `cozygpu dev-cluster` does."""
+    probe = "import sys, cozygpu.cli; print(sorted(m for m in sys.modules if m.startswith('cozygpu.devcluster.')))"
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert "cozygpu.devcluster.controlplane" not in loaded and "cozygpu.devcluster.kubevirt" not in loaded

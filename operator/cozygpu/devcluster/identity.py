@@ -8,15 +8,17 @@ proves those rules are enough. `tenant_roles` are the chart's ClusterRoles for t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from cozygpu.api import kinds
 from cozygpu.api.names import DEV_NAMESPACE
 from cozygpu.devcluster.binaries import repo_root
-from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.kube.adapter import Body, Kube
+
+if TYPE_CHECKING:  # only a type here: `cozygpu run --dev` loads no control plane
+    from cozygpu.devcluster.controlplane import ControlPlane
 
 NAMESPACE = DEV_NAMESPACE
 NAME = "cozy-gpu-operator"
