@@ -38,6 +38,9 @@ DEV_RULES = [
         ],
         "verbs": ["get", "create", "update", "delete"],
     },
+    # The API server lets only who may list the objects a binding's paramRef selects create it: the second no-bypass
+    # policy selects the operator's mutating configurations by label (runtime.admission.policy.webhooks_binding).
+    {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"], "verbs": ["list"]},
     # The API server lets only who may get every ConfigMap register a policy whose parameter is one (§12.3); the
     # chart's policy is installed by whoever installs the chart. Also the CA a dev control plane publishes (§14.1).
     {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
