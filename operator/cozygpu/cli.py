@@ -18,8 +18,10 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
+from typing import Any, Literal, get_args, get_origin
 
 import structlog
 from pydantic import ValidationError
@@ -28,7 +30,7 @@ from cozygpu import __version__, logs
 from cozygpu.api import crdgen
 from cozygpu.devcluster import identity
 from cozygpu.runtime.process import handlers
-from cozygpu.settings import Settings
+from cozygpu.settings import ENV_PREFIX, Settings
 
 # Where `cozygpu crds` writes (relative to the checkout, where make runs it): the CRDs for `kubectl apply`, and the
 # chart's copy, which `helm install` creates (issue 23 item 1). Both are the same text.
@@ -84,6 +86,17 @@ def _dev_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def settings_of(args: argparse.Namespace, environ: Mapping[str, str], kubeconfig: str | None) -> Settings:
+    """`run`'s settings: its flags (unset: None) over `environ`'s COZYGPU_ variables over the defaults."""
+    overrides = {name: getattr(args, name, None) for name in Settings.model_fields}
+    overrides["kubeconfig"] = kubeconfig
+    if args.dev or args.no_webhooks:
+        overrides["webhook_mode"] = "dev" if args.dev else "off"
+    if args.exempt_namespace:
+        overrides["exempt_namespaces"] = tuple(args.exempt_namespace)
+    return Settings.load(environ, overrides)
+
+
 def _run(args: argparse.Namespace) -> int:
     kubeconfig = args.kubeconfig
     if args.dev and kubeconfig and not args.as_given:
@@ -95,48 +108,40 @@ def _run(args: argparse.Namespace) -> int:
                 f"cozygpu run --dev: {said}; the operator runs as it, so {user} meets every rule of §9", file=sys.stderr
             )
         kubeconfig = str(own)
-    overrides = {
-        "kubeconfig": kubeconfig,
-        "bind_timeout": args.bind_timeout,
-        "webhook_timeout": args.webhook_timeout,
-        "drain_seconds": args.drain_seconds,
-        "grace_period": args.grace_period,
-        "sweep_interval": args.sweep_interval,
-        "pod_scan_interval": args.pod_scan_interval,
-        "max_devices_per_vmi": args.max_devices_per_vmi,
-        "max_admissions_per_namespace": args.max_admissions_per_namespace,
-        "max_idle_moves": args.max_idle_moves,
-        "idle_move_after": args.idle_move_after,
-        "budgets_required": True if args.budgets_required else None,
-        "crash_at_write": args.crash_at_write,
-        "watch_timeout": args.watch_timeout,
-        "health_host": args.health_host,
-        "health_port": args.health_port,
-        "metrics_auth": False if args.no_metrics_auth else None,
-        "webhook_mode": "dev" if args.dev else ("off" if args.no_webhooks else None),
-        "webhook_port": args.webhook_port,
-        "binder": False if args.no_binder else None,
-        "webhook_cert_dir": args.webhook_cert_dir,
-        "webhook_client_ca": args.webhook_client_ca,
-        "leader_election": False if args.no_leader_election else None,
-        "identity": args.identity,
-        "lease_name": args.lease_name,
-        "lease_namespace": args.lease_namespace,
-        "lease_duration": args.lease_duration,
-        "kubevirt_controller_user": args.kubevirt_controller_user,
-        "exempt_namespaces": tuple(args.exempt_namespace) if args.exempt_namespace else None,
-        "api_concurrency": args.api_concurrency,
-        "log_format": args.log_format,
-        "log_level": args.log_level,
-    }
     try:
-        settings = Settings.load(os.environ, overrides)
+        settings = settings_of(args, os.environ, kubeconfig)
     except ValidationError as e:
         print(f"cozygpu run: invalid settings:\n{e}", file=sys.stderr)
         return 2
     logs.configure(settings.log_format, settings.log_level)
     asyncio.run(handlers.run(settings))
     return 0
+
+
+# Settings a flag of `run` does not set: the main parser's (logging, before the command), the list the flag
+# `--exempt-namespace` builds, and the tests' own, which are kept out of --help.
+_NOT_RUN_FLAGS = frozenset({"log_format", "log_level", "exempt_namespaces"})
+_HIDDEN = frozenset({"crash_at_write", "watch_timeout"})
+
+
+def _setting_flags(run: argparse.ArgumentParser) -> None:
+    """A flag per setting (settings.Settings is their one source): its name, type, description, default and
+    environment variable; a boolean gets --name and --no-name. Unset flags leave the environment's value."""
+    for name, field in Settings.model_fields.items():
+        if name in _NOT_RUN_FLAGS:
+            continue
+        default = "unset" if field.default is None else field.default
+        said = f"{field.description or name.replace('_', ' ')} (default {default}; {ENV_PREFIX}{name.upper()})"
+        options: dict[str, Any] = {"help": argparse.SUPPRESS if name in _HIDDEN else said, "default": None}
+        kind = field.annotation
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        elif get_origin(kind) is Literal:
+            options["choices"] = get_args(kind)
+        else:
+            types = [t for t in (get_args(kind) or (kind,)) if t is not type(None)]
+            options["type"] = types[0] if types and types[0] in (int, float) else str
+        run.add_argument("--" + name.replace("_", "-"), **options)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -148,24 +153,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the operator")
-    run.add_argument("--kubeconfig", help="unset: the in-cluster service account")
-    run.add_argument("--bind-timeout", type=float, help="seconds the webhook waits for the binder (default 10)")
-    run.add_argument("--webhook-timeout", type=float, help="the API server's webhook timeout (default 20)")
-    run.add_argument(
-        "--drain-seconds", type=float, help="on SIGTERM, answer admissions this long before stopping (default 3)"
-    )
-    run.add_argument("--grace-period", type=float, help="attachment grace period, seconds (default 120)")
-    run.add_argument("--sweep-interval", type=float, help="safety-net sweep period, seconds (default 60)")
-    run.add_argument("--crash-at-write", type=int, help=argparse.SUPPRESS)  # tests/reliability only
-    run.add_argument("--watch-timeout", type=int, help=argparse.SUPPRESS)  # COZYGPU_WATCH_TIMEOUT; tests shorten it
-    run.add_argument(
-        "--max-devices-per-vmi", type=int, help="device references a VMI may list (default 64); more are refused"
-    )
-    run.add_argument(
-        "--budgets-required",
-        action="store_true",
-        help="refuse GPU orders in a namespace no GPUBudget covers (COZYGPU_BUDGETS_REQUIRED)",
-    )
+    _setting_flags(run)
     run.add_argument(
         "--exempt-namespace",
         action="append",
@@ -173,35 +161,10 @@ def parser() -> argparse.ArgumentParser:
         help="a namespace §12 does not guard, by name; repeat for more (COZYGPU_EXEMPT_NAMESPACES, comma-separated)",
     )
     run.add_argument(
-        "--max-admissions-per-namespace",
-        type=int,
-        help="VMI admissions one namespace may have under way at once (default 128); more are refused",
-    )
-    run.add_argument(
-        "--max-idle-moves",
-        type=int,
-        help="idle held devices one placement may move to make room for an order (default 4; 0: never, §5.7)",
-    )
-    run.add_argument(
-        "--idle-move-after",
-        type=float,
-        help="seconds a held device must have been idle before it may move for someone else (default 120, §5.7)",
-    )
-    run.add_argument(
-        "--pod-scan-interval", type=float, help="period of the list of every pod on a node, seconds (default 300)"
-    )
-    run.add_argument("--health-host", help="address of /healthz and /readyz (default 0.0.0.0)")
-    run.add_argument("--health-port", type=int, help="port of /healthz and /readyz (default 8080)")
-    run.add_argument(
-        "--no-metrics-auth",
-        action="store_true",
-        help="serve /metrics to anyone who reaches the port (COZYGPU_METRICS_AUTH=false); by default only to "
-        "callers allowed get on /metrics",
-    )
-    run.add_argument(
         "--dev",
         action="store_true",
-        help="self-signed webhook certificate; register (and on exit remove) the webhook configurations",
+        help="self-signed webhook certificate; register (and on exit remove) the webhook configurations (the same as "
+        "--webhook-mode dev)",
     )
     run.add_argument(
         "--as-given",
@@ -209,28 +172,7 @@ def parser() -> argparse.ArgumentParser:
         help="with --dev: run as the kubeconfig's own user, not as the operator's ServiceAccount (tests that "
         "restrict what the operator may do)",
     )
-    run.add_argument("--no-webhooks", action="store_true", help="run without admission webhooks")
-    run.add_argument("--no-binder", action="store_true", help="run without the binder (nothing answers bind requests)")
-    run.add_argument("--webhook-port", type=int, help="webhook port (default 9443; 0 or unset with --dev: any free)")
-    run.add_argument("--webhook-cert-dir", help="directory with tls.crt and tls.key (default /etc/cozygpu/tls)")
-    run.add_argument(
-        "--webhook-client-ca",
-        help="PEM CAs whose client certificates may call the webhooks, as the API server presents one; unset: "
-        "any caller (with --dev: the dev control plane's, when it publishes one)",
-    )
-    run.add_argument("--no-leader-election", action="store_true", help="decide without holding the Lease")
-    run.add_argument("--identity", help="this replica in the Lease (default: the host name, a pod's name)")
-    run.add_argument("--lease-name", help="the Lease replicas compete for (default cozy-gpu-operator)")
-    run.add_argument("--lease-namespace", help="its namespace (default: the service account's or kubeconfig's)")
-    run.add_argument("--lease-duration", type=float, help="a leader's term in seconds (default 15)")
-    run.add_argument(
-        "--api-concurrency", type=int, help="API calls in flight at once, and connections kept open (default 32)"
-    )
-    run.add_argument(
-        "--kubevirt-controller-user",
-        help="KubeVirt's controller identity, the only creator of launcher pods with GPUs "
-        "(default system:serviceaccount:kubevirt:kubevirt-controller)",
-    )
+    run.add_argument("--no-webhooks", action="store_true", help="run without admission webhooks (--webhook-mode off)")
     run.set_defaults(func=_run)
 
     dev = sub.add_parser("dev-cluster", help="run a local control plane in the foreground")
