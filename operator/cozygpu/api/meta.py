@@ -166,6 +166,11 @@ class Resource(Model):
         return self.metadata.namespace
 
     @property
+    def key(self) -> tuple[str, str]:
+        """(namespace, name), "" for a cluster-scoped object's namespace: how the view and the workers key it."""
+        return (self.metadata.namespace or "", self.metadata.name)
+
+    @property
     def deleting(self) -> bool:
         return self.metadata.deletion_timestamp is not None
 

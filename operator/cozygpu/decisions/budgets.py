@@ -38,7 +38,7 @@ def usage(cluster: Cluster, budget: GPUBudget) -> dict[str, int]:
     """Units counting against the budget in the namespaces it covers, per class (the view's counters).
 
     The budget is the view's own (looked up by its key): what it covers is what the view stored."""
-    return cluster.budget_use(budget.namespace or "", budget.name)
+    return cluster.budget_use(*budget.key)
 
 
 def entitled(cluster: Cluster, namespace: str, class_name: str) -> bool:
@@ -58,7 +58,7 @@ def check_orders(
     used: dict[tuple[str, str], dict[str, int]] = {}
     for order in prior:
         for budget in covering_budgets(cluster, order.namespace):
-            key = (budget.namespace or "", budget.name)
+            key = budget.key
             tally = used.setdefault(key, usage(cluster, budget))
             tally[order.class_name] = tally.get(order.class_name, 0) + order.count
     for order in orders:
@@ -68,7 +68,7 @@ def check_orders(
         if required and not budgets:
             return f"{order.what}: namespace {order.namespace} has no GPUBudget, and this cluster requires one"
         for budget in budgets:
-            key = (budget.namespace or "", budget.name)
+            key = budget.key
             tally = used.setdefault(key, usage(cluster, budget))
             limit = budget.spec.limits.get(order.class_name)
             after = tally.get(order.class_name, 0) + order.count
@@ -85,7 +85,7 @@ def check_orders(
                     f"and {total} are in use; {order.count} more would exceed it"
                 )
         for budget in budgets:
-            tally = used[(budget.namespace or "", budget.name)]
+            tally = used[budget.key]
             tally[order.class_name] = tally.get(order.class_name, 0) + order.count
     return None
 
@@ -109,10 +109,10 @@ def overrun(cluster: Cluster, extra: Sequence[Order], namespaces: Iterable[str] 
     tallies: dict[tuple[str, str], tuple[GPUBudget, dict[str, int]]] = {}
     for namespace in namespaces:
         for budget in covering_budgets(cluster, namespace):
-            tallies.setdefault((budget.namespace or "", budget.name), (budget, dict(usage(cluster, budget))))
+            tallies.setdefault(budget.key, (budget, dict(usage(cluster, budget))))
     for order in extra:
         for budget in covering_budgets(cluster, order.namespace):
-            key = (budget.namespace or "", budget.name)
+            key = budget.key
             _, tally = tallies.setdefault(key, (budget, dict(usage(cluster, budget))))
             tally[order.class_name] = tally.get(order.class_name, 0) + order.count
     out: dict[tuple[str, str], Overrun] = {}

@@ -52,7 +52,7 @@ def movable(cluster: Cluster, device: GPUDevice, idle_after: float = 0.0) -> boo
     cls = cluster.classes.get(device.spec.class_name)
     if cls is None or cls.spec.idle_moves is IdleMoves.NEVER or not device.idle:
         return False
-    key = (device.namespace or "", device.name)
+    key = device.key
     idle_for = cluster.idle_for(key)
     if idle_for is None or idle_for < idle_after or cluster.named_by_open_request(*key):
         return False
@@ -70,7 +70,7 @@ def plan_room(cluster: Cluster, devices: Sequence[GPUDevice], limit: int, idle_a
     if not total:
         return None
     lead = max(sorted(total), key=lambda r: total[r])  # the resource the set needs most leads the search
-    mine = {(d.namespace or "", d.name) for d in devices}
+    mine = {d.key for d in devices}
     best: tuple[tuple[int, int, str], RoomPlan] | None = None
     for name in _candidates(cluster, devices, lead, total[lead]):
         node = cluster.nodes.get(name)
@@ -117,11 +117,9 @@ def _plan_on(
     idle = [
         d
         for d in cluster.devices_on(node.name)
-        if d.status.node_name == node.name
-        and (d.namespace or "", d.name) not in mine
-        and movable(cluster, d, idle_after)
+        if d.status.node_name == node.name and d.key not in mine and movable(cluster, d, idle_after)
     ]
-    idle.sort(key=lambda d: (-d.spec.count, d.namespace or "", d.name))
+    idle.sort(key=lambda d: (-d.spec.count, *d.key))
     into: dict[tuple[str, str], int] = {}  # (node, resource) -> units this plan moves there
     moves: list[Move] = []
     for d in idle:

@@ -28,7 +28,7 @@ def must_decide(cluster: Cluster, served: Iterable[str], fresh: Iterable[DeviceK
     read differently now."""
     picked: dict[DeviceKey, GPUDevice] = {}
     for cls in served:
-        picked.update(((d.namespace or "", d.name), d) for d in cluster.waiting(cls))
+        picked.update((d.key, d) for d in cluster.waiting(cls))
     for key in fresh:
         device = cluster.device(*key)
         if device is not None and device.awaits_node:
@@ -40,7 +40,7 @@ def oldest(cluster: Cluster, classes: Iterable[str]) -> set[DeviceKey]:
     """The oldest waiting device of each class and count: where idle moves may make room for some device of a
     class, those are decided again (§5.5, §5.7), so older orders that no move can place do not keep a younger one
     of another size waiting that some can. O(counts waiting) per class."""
-    return {(d.namespace or "", d.name) for name in classes for d in cluster.heads_waiting(name)}
+    return {d.key for name in classes for d in cluster.heads_waiting(name)}
 
 
 def overtakes(cluster: Cluster, device: GPUDevice) -> bool:
@@ -76,7 +76,7 @@ def to_decide(cluster: Cluster, musts: list[GPUDevice], room: Iterable[str]) -> 
     streams += [((cluster.turn(d), True, d) for d in woken(cluster, cls)) for cls in sorted(room)]
     seen: set[DeviceKey] = set()
     for _, for_room, device in heapq.merge(*streams, key=lambda item: item[0]):
-        key = (device.namespace or "", device.name)
+        key = device.key
         if key not in seen:
             seen.add(key)
             yield device, for_room

@@ -40,7 +40,7 @@ class BudgetIndex:
     @writes
     def put(self, budget: GPUBudget, namespaces: Iterable[str], labels: Callable[[str], Mapping[str, str]]) -> None:
         """Store a budget; what it covers is worked out anew only when it is new or its selector changed."""
-        key = (budget.namespace or "", budget.name)
+        key = budget.key
         old = self.store.put(key, budget, budget.metadata.resource_version)
         if old is not None and old.spec.namespace_selector == budget.spec.namespace_selector:
             return

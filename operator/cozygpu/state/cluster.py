@@ -171,7 +171,7 @@ class Cluster:
     def _assume(self, device: GPUDevice) -> Assumption:
         """Count a decision whose write is in flight (§13.1): stored now, and no event of the version it
         was decided on (a resync's list, a late echo) can undo it until `_settle` with the token returned."""
-        key = (device.namespace or "", device.name)
+        key = device.key
         self._begin()
         self._assumptions += 1
         self._assumed[key] = (version(device.metadata.resource_version), self._assumptions)
@@ -216,7 +216,7 @@ class Cluster:
 
     def _upsert_device(self, body: dict[str, Any]) -> None:
         device = GPUDevice.from_wire(body).kept()
-        key = (device.namespace or "", device.name)
+        key = device.key
         if key not in self._assumed and (left := self._capacity.release_origin(key)):
             self._nodes_touched.add(left)  # what the API says now counts: a settled move's old node frees
         if not self._devices.store.news(key, device.metadata.resource_version):
@@ -363,7 +363,7 @@ class Cluster:
 
     def _upsert_budget(self, body: dict[str, Any]) -> None:
         budget = GPUBudget.from_wire(body)
-        key = (budget.namespace or "", budget.name)
+        key = budget.key
         if self._budgets.store.news(key, budget.metadata.resource_version):
             self._budgets.put(budget, self.namespaces, self.namespace_labels)
             self._namespaces_touched.add(key[0])

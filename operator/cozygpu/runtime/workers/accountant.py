@@ -84,7 +84,7 @@ class Accountant:
 
     async def _sync_use(self, namespaces: set[str]) -> None:
         """Budgets covering the changed namespaces; classes whose totals or held units moved (from counters)."""
-        budgets = {(b.namespace or "", b.name): b for ns in namespaces for b in covering_budgets(self._cluster, ns)}
+        budgets = {b.key: b for ns in namespaces for b in covering_budgets(self._cluster, ns)}
         for key, budget in sorted(budgets.items()):
             status = budget_status(self._cluster, budget, utcnow())
             if status.model_dump(mode="json") == budget.status.model_dump(mode="json"):

@@ -43,10 +43,6 @@ log = structlog.get_logger("cozygpu.binder")
 YIELD_EVERY = 0.002
 
 
-def _key(device: GPUDevice) -> DeviceKey:
-    return (device.namespace or "", device.name)
-
-
 class Binder:
     def __init__(
         self,
@@ -187,7 +183,7 @@ class Binder:
         ids.sort(key=self._requested_at)
         for request_id in ids:
             await self._breathe()
-            if any(self._cluster.assumed(*_key(d)) for d in self._cluster.devices_of_request(request_id)):
+            if any(self._cluster.assumed(*d.key) for d in self._cluster.devices_of_request(request_id)):
                 waiting = True  # a write of ours on one of its devices is still out: decide after it
                 continue
             # The slot first: nothing may change between the decision and its assumption in the view.
@@ -343,7 +339,7 @@ class Binder:
 
     async def _decide(self, device: GPUDevice, *, may_step_aside: bool) -> bool:
         """Place one waiting device or say why it waits; False when it stepped aside before deciding."""
-        key = _key(device)
+        key = device.key
         current = self._cluster.device(*key)
         if current is None or self._cluster.assumed(*key) or not current.awaits_node:
             return True
@@ -407,7 +403,7 @@ class Binder:
             log.warning("binder.write_failed", namespace=bound.namespace, device=bound.name, error=str(e))
         finally:
             self._in_flight.release()
-        self._fresh.add(_key(bound))
+        self._fresh.add(bound.key)
         self._wake.set()
 
     # -- writes ----------------------------------------------------------------

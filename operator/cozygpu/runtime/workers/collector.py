@@ -150,7 +150,7 @@ class Collector:
         return lifecycle.device_actions(self._cluster, device, now, self._grace, vm_runs=runs)
 
     async def _apply(self, device: GPUDevice, actions: list[Action]) -> None:
-        key = (device.namespace or "", device.name)
+        key = device.key
         current: GPUDevice | None = device
         try:
             for run in lifecycle.runs(actions):
@@ -210,7 +210,7 @@ class Collector:
         patch = {"metadata": {"resourceVersion": device.metadata.resource_version, **fields}}
         if not (await self._writer.patch(kinds.GPU_DEVICE, device.name, device.namespace or "", patch)).written:
             raise _Raced
-        return self._cluster.device(device.namespace or "", device.name)
+        return self._cluster.device(*device.key)
 
     # -- classes --------------------------------------------------------------
 

@@ -103,7 +103,7 @@ class Mover:
         for; Events do not (§14). With PLANS plans out already, a bind request (`asked`: decided again on every
         pass) waits for one to be done, and a waiting device waits Pending as if no plan existed, decided again
         when room or reach for it appears, so a backlog costs no work per plan done (§14.3)."""
-        keys = frozenset((d.namespace or "", d.name) for d in devices)
+        keys = frozenset(d.key for d in devices)
         if not keys.isdisjoint(self._for):
             return True  # moves made for it are still being written
         if self.limit <= 0 or not isinstance(outcome, NoPlacement) or not outcome.full:

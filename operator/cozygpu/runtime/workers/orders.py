@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from cozygpu.api import GPUBudget, GPUDevice
+from cozygpu.api import GPUDevice
 from cozygpu.decisions import transitions
 from cozygpu.decisions.budgets import Order, covering_budgets, overrun
 from cozygpu.decisions.placement import NoPlacement, Placement
@@ -124,7 +124,7 @@ class Confirmations:
                 (b, o)
                 for b in live
                 for g in covering_budgets(self._cluster, b.namespace)
-                if (o := over.get(_key(g))) is not None and o.fed_by(b.orders.values())
+                if (o := over.get(g.key)) is not None and o.fed_by(b.orders.values())
             ]
             if not fed:
                 break  # over without any of these binds: nothing of ours to take back
@@ -141,7 +141,3 @@ class Confirmations:
         for bind in batch:
             if not bind.done.done():
                 self._take_back(bind, why)
-
-
-def _key(budget: GPUBudget) -> tuple[str, str]:
-    return (budget.namespace or "", budget.name)
