@@ -493,7 +493,7 @@ def part_b(args: argparse.Namespace, logs: Path) -> None:
                 "--v=1",
             ]
             began = time.monotonic()
-            scheduler = plane.spawn("kube-scheduler", argv)
+            scheduler = plane.processes.spawn("kube-scheduler", argv)
 
             def stop() -> str:
                 if scheduler.poll() is not None:

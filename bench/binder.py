@@ -231,7 +231,7 @@ def scheduler_side(plane: ControlPlane, count: int, threads: int, timeout: float
         "--kube-api-burst=10000",
         "--v=1",
     ]
-    scheduler = plane.spawn("kube-scheduler", argv)
+    scheduler = plane.processes.spawn("kube-scheduler", argv)
     try:
         warm_up(plane.kube(), kinds.POD, pod_body("warmup", WARMUP_NS), bound_pod, timeout)
         bodies = [pod_body(f"p{i:05d}", PODS_NS) for i in range(count)]

@@ -12,6 +12,7 @@ from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Kube
+from tests.support import faults
 from tests.support.bodies import gpu_device_body
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.operators import start_operator
@@ -43,7 +44,7 @@ def test_the_operator_is_ready_again_soon_after_its_api_server_comes_back(
             lambda: (kube.get(kinds.GPU_DEVICE, "before", namespace).get("status") or {}).get("nodeName") == node,
         )
         wait_for("the first periodic resync", lambda: process.events("view.resynced")[1:], timeout=20)
-        control_plane.restart_apiserver(down=8)
+        faults.restart_apiserver(control_plane, down=8)
         kube.delete(kinds.GPU_DEVICE, "before", namespace)  # while the operator's watches are still broken
         wait_for("ready again", process.ready, timeout=30)
         assert process.events("watch.failed"), "the outage went unnoticed"
@@ -85,7 +86,7 @@ def test_the_operator_stops_on_sigterm_while_its_api_server_is_down(
         # The restart runs here, not in a thread: the API server dies with the thread that started it (PDEATHSIG).
         signaller = threading.Thread(target=terminate_during_the_outage)
         signaller.start()
-        control_plane.restart_apiserver(down=20)
+        faults.restart_apiserver(control_plane, down=20)
         signaller.join()
         assert exited == [True] and process.events("operator.stopped")
     finally:

@@ -15,6 +15,7 @@ from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Forbidden, Kube
 from cozygpu.runtime.admission import policy, webhooks
+from tests.support import faults
 from tests.support.bodies import gpu_class_body, gpu_device_body, vmi_body
 from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu
 from tests.support.operators import start_admitting_operator, unregister_webhooks
@@ -213,7 +214,7 @@ def test_an_api_server_restart_refuses_nothing_the_guard_allows(
         assert published
     finally:
         process.stop()  # the policy and its parameter stay
-    control_plane.restart_apiserver(down=1)
+    faults.restart_apiserver(control_plane, down=1)
     assert kube.create(kinds.POD, pod("first", namespace, "cpu"))["metadata"]["name"] == "first"
     assert "only KubeVirt launcher pods" in refused(kube, kinds.POD, pod("sneaky-after", namespace, gpu.resource))
 

@@ -24,6 +24,7 @@ from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import ApiError, Kube
+from tests.support import faults
 from tests.support.bodies import gpu_device_body, vmi_body
 from tests.support.invariants import admitting, settled
 from tests.support.nodes import Gpu, GPUNodeFactory
@@ -77,7 +78,7 @@ def test_a_frozen_api_server_in_the_middle_of_admissions_leaves_nothing_broken(
                 t.start()
             admitting(kube, namespace, f"vm{n}-")  # freeze while an admission is under way
             in_flight = sum(t.is_alive() for t in threads)
-            control_plane.freeze_apiserver(6)
+            faults.freeze_apiserver(control_plane, 6)
             thawed = time.monotonic()
             wait_for("ready after the freeze", operator.ready, timeout=60)
             for t in threads:
@@ -131,13 +132,13 @@ def test_watches_resumed_from_a_compacted_version_list_anew(
             operator.proc.send_signal(signal.SIGSTOP)
             try:
                 time.sleep(STREAM + 1)  # every stream ended by the server, none failed: each resumes, not relists
-                control_plane.restart_apiserver()
+                faults.restart_apiserver(control_plane)
                 # Ready, but its caches of our kinds may still be filling: "storage is (re)initializing".
                 wait_for("our kinds served", lambda: _serves(kube, namespace))
                 # Changes the operator misses; a create would need its webhook, which is stopped too.
                 kube.delete(kinds.GPU_DEVICE, f"old-{n}", namespace)
                 update(kube, kinds.NODE, node, lambda b, n=n: b["metadata"]["labels"].update({"round": str(n)}))
-                control_plane.compact_etcd()
+                faults.compact_etcd(control_plane)
             finally:
                 operator.proc.send_signal(signal.SIGCONT)
             thawed = time.monotonic()

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import shutil
-import signal
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 import requests
 import yaml
@@ -30,6 +27,7 @@ from cozygpu.api import KINDS, crdgen, kinds
 from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.devcluster import binaries
 from cozygpu.devcluster.kubevirt import KubeVirt
+from cozygpu.devcluster.processes import Processes
 from cozygpu.kube.adapter import AlreadyExists, Kube
 from cozygpu.ports import free_port
 
@@ -38,14 +36,7 @@ SERVICE_CIDR = "10.0.0.0/24"
 
 
 class ControlPlaneError(RuntimeError):
-    pass
-
-
-def _die_with_parent() -> None:
-    # Linux PR_SET_PDEATHSIG: etcd and kube-apiserver get SIGKILL if the launcher is
-    # killed outright (their data is thrown away anyway), so nothing outlives a killed run.
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    """The control plane started, but what it serves (our CRDs, KubeVirt's) did not become ready."""
 
 
 def _b64(data: bytes) -> str:
@@ -106,7 +97,7 @@ class ControlPlane:
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="cozygpu-cp-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._verbose = verbose
-        self._procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+        self.processes = Processes(self.workdir)
         self.ca = tls.Authority("cozy-dev control plane CA")
         # §14.1: the API server presents a client certificate of this CA to every webhook it calls.
         self.webhook_ca = tls.Authority("cozy-dev webhook client CA")
@@ -153,16 +144,7 @@ class ControlPlane:
         if self.kubevirt is not None:
             self.kubevirt.stop()
             self.kubevirt = None
-        for _name, proc, log in reversed(self._procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            log.close()
-        self._procs.clear()
+        self.processes.stop_all()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -187,41 +169,11 @@ class ControlPlane:
         path.chmod(0o600)
         return path
 
-    # -- processes ---------------------------------------------------------
-
-    def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - prctl only, no locks taken
-        )
-        self._procs.append((name, proc, log))
-        return proc
-
-    def _failed(self, name: str, why: str) -> ControlPlaneError:
-        log = (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
-        return ControlPlaneError(f"{name} {why}; the end of its log:\n{log}")
-
-    def wait_until(self, name: str, proc: subprocess.Popen[bytes], ready: Any, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise self._failed(name, f"exited with {proc.returncode}")
-            try:
-                if ready():
-                    return
-            except (requests.RequestException, OSError):
-                pass
-            time.sleep(0.2)
-        raise self._failed(name, "did not become ready in time")
-
     def _start_etcd(self, bin_dir: Path, deadline: float) -> str:
         client, peer = free_port(), free_port()
         url = f"http://127.0.0.1:{client}"
         peer_url = f"http://127.0.0.1:{peer}"
-        proc = self.spawn(
+        proc = self.processes.spawn(
             "etcd",
             [
                 str(bin_dir / "etcd"),
@@ -236,7 +188,7 @@ class ControlPlane:
                 "--log-level=warn",
             ],
         )
-        self.wait_until("etcd", proc, lambda: requests.get(f"{url}/health", timeout=1).ok, deadline)
+        self.processes.wait_until("etcd", proc, lambda: requests.get(f"{url}/health", timeout=1).ok, deadline)
         self.etcd_url = url
         return url
 
@@ -256,7 +208,7 @@ class ControlPlane:
             (certs / name).write_bytes(data)
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
-        self._apiserver_argv = [
+        self.apiserver_argv = [
             str(bin_dir / "kube-apiserver"),
             f"--etcd-servers={etcd_url}",
             f"--cert-dir={certs}",
@@ -284,10 +236,10 @@ class ControlPlane:
             f"--v={4 if self._verbose else 1}",
             *self._apiserver_flags,
         ]
-        proc = self.spawn("kube-apiserver", self._apiserver_argv)
+        proc = self.processes.spawn("kube-apiserver", self.apiserver_argv)
         self.write_kubeconfig(self.kubeconfig_path)
         kube = self.kube()
-        self.wait_until("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, deadline)
+        self.processes.wait_until("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, deadline)
 
     def _admission_config(self, certs: Path) -> Path:
         """The AdmissionConfiguration under which the API server presents its webhook client certificate to
@@ -330,46 +282,9 @@ class ControlPlane:
             },
         )
 
-    def restart_apiserver(self, down: float = 0.0, timeout: float = 60.0) -> None:
-        """Kill kube-apiserver as a crash would, keep it down `down` seconds, and start it again on the same
-        address and certificates (what the operator sees of an API server restart); back once /readyz is."""
-        for i, (name, proc, log) in enumerate(self._procs):
-            if name == "kube-apiserver":
-                proc.kill()
-                proc.wait()
-                log.close()
-                del self._procs[i]
-                break
-        time.sleep(down)
-        proc = self.spawn("kube-apiserver", self._apiserver_argv)
-        kube = self.kube()
-        self.wait_until("kube-apiserver", proc, lambda: kube.raw_get("/readyz").ok, time.monotonic() + timeout)
-
-    def freeze_apiserver(self, seconds: float) -> None:
-        """Stop kube-apiserver (SIGSTOP) for `seconds`, then let it go on: connections stay open, nothing answers."""
-        [proc] = [p for name, p, _ in self._procs if name == "kube-apiserver"]
-        proc.send_signal(signal.SIGSTOP)
-        try:
-            time.sleep(seconds)
-        finally:
-            proc.send_signal(signal.SIGCONT)
-
-    def compact_etcd(self) -> int:
-        """Compact etcd up to its current revision (v3 HTTP gateway), as the API server does every five
-        minutes: a watch that resumes from an older version is answered 410 Gone. Returns the revision."""
-        key = base64.b64encode(b"/").decode()
-        head = requests.post(f"{self.etcd_url}/v3/kv/range", json={"key": key, "limit": 1}, timeout=10)
-        head.raise_for_status()
-        revision = int(head.json()["header"]["revision"])
-        done = requests.post(
-            f"{self.etcd_url}/v3/kv/compaction", json={"revision": revision, "physical": True}, timeout=30
-        )
-        done.raise_for_status()
-        return revision
-
     def _start_controller_manager(self, bin_dir: Path) -> None:
         """Owner-reference garbage collection and namespace deletion, as in a cluster."""
-        self.spawn(
+        self.processes.spawn(
             "kube-controller-manager",
             [
                 str(bin_dir / "kube-controller-manager"),

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import requests
 from cozygpu.api import kinds
 from cozygpu.api.meta import now
 from cozygpu.api.names import API_VERSION
+from cozygpu.devcluster.processes import stop_gently
 from cozygpu.kube.adapter import Body, Conflict, Kube
 from cozygpu.ports import free_port
 
@@ -148,17 +148,6 @@ def in_parallel(
         for future in [pool.submit(drain, Kube.from_kubeconfig(kubeconfig)) for _ in range(threads)]:
             future.result()
     return time.monotonic()
-
-
-def stop_gently(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:
-    """SIGTERM, then SIGKILL if the process has not ended within `grace` seconds."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 30.0) -> T:

@@ -13,19 +13,33 @@ from __future__ import annotations
 import contextlib
 import subprocess
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import structlog
 import yaml
 
+from cozygpu import tls
 from cozygpu.api import kinds
 from cozygpu.api.names import KUBEVIRT_API_VERSION
 from cozygpu.devcluster.kubelet import FakeKubelet
+from cozygpu.devcluster.processes import Processes
 from cozygpu.kube.adapter import AlreadyExists, Body, Kube
 from cozygpu.ports import accepts, free_port
 
-if TYPE_CHECKING:
-    from cozygpu.devcluster.controlplane import ControlPlane
+
+class Plane(Protocol):
+    """What KubeVirt in the loop needs of the control plane it joins (devcluster.controlplane.ControlPlane)."""
+
+    processes: Processes
+    workdir: Path
+    kubeconfig_path: Path
+    ca: tls.Authority  # virt-api's serving certificate is this CA's
+    virt_api_port: int
+
+    def kube(self) -> Kube: ...
+
+    def write_token_kubeconfig(self, path: Path, user: str, token: str, namespace: str = ...) -> Path: ...
+
 
 log = structlog.get_logger("cozygpu.devcluster")
 
@@ -73,7 +87,7 @@ def _apply(kube: Kube, body: Body) -> None:
 class KubeVirt:
     """KubeVirt's control plane against `plane`; `start` returns once VMs can start."""
 
-    def __init__(self, plane: ControlPlane, scheduler_dir: Path, kubevirt_dir: Path) -> None:
+    def __init__(self, plane: Plane, scheduler_dir: Path, kubevirt_dir: Path) -> None:
         self._plane = plane
         self._scheduler_dir = scheduler_dir
         self._dir = kubevirt_dir
@@ -133,7 +147,7 @@ class KubeVirt:
         kube.patch(kinds.KUBEVIRT, "kubevirt", status, NAMESPACE, subresource="status")
 
     def _start_scheduler(self) -> None:
-        proc = self._plane.spawn(
+        proc = self._plane.processes.spawn(
             "kube-scheduler",
             [
                 str(self._scheduler_dir / "kube-scheduler"),
@@ -164,7 +178,7 @@ class KubeVirt:
         port = self._plane.virt_api_port  # chosen before kube-apiserver started: its webhooks get no client cert
         url = f"https://127.0.0.1:{port}"
         kubeconfig = self._token_kubeconfig(kube, API_SA, self._plane.workdir / "virt-api.kubeconfig")
-        proc = self._plane.spawn(
+        proc = self._plane.processes.spawn(
             "virt-api",
             [
                 str(self._dir / "virt-api"),
@@ -178,7 +192,7 @@ class KubeVirt:
                 f"--handler-key-file={certs / 'tls.key'}",
             ],
         )
-        self._plane.wait_until("virt-api", proc, lambda: accepts(port), deadline)
+        self._plane.processes.wait_until("virt-api", proc, lambda: accepts(port), deadline)
         for body in _dump(self._dir / "kv-dump", "-what=webhooks", f"-url={url}", f"-ca-file={certs / 'ca.crt'}"):
             _apply(kube, body)
         log.info("devcluster.started", piece="virt-api", pid=proc.pid, url=url)
@@ -186,7 +200,7 @@ class KubeVirt:
     def _start_virt_controller(self, kube: Kube, deadline: float) -> None:
         certs = self._certs("virt-controller")  # its metrics endpoint serves TLS
         kubeconfig = self._token_kubeconfig(kube, CONTROLLER_SA, self.controller_kubeconfig)
-        proc = self._plane.spawn(
+        proc = self._plane.processes.spawn(
             "virt-controller",
             [
                 str(self._dir / "virt-controller"),
@@ -199,7 +213,7 @@ class KubeVirt:
             ],
         )
         # It works once it leads: its Lease names it.
-        self._plane.wait_until("virt-controller", proc, lambda: _leads(kube), deadline)
+        self._plane.processes.wait_until("virt-controller", proc, lambda: _leads(kube), deadline)
         log.info("devcluster.started", piece="virt-controller", pid=proc.pid, identity=CONTROLLER_USER)
 
 

@@ -19,7 +19,7 @@ import requests
 import yaml
 
 from cozygpu.devcluster.binaries import repo_root
-from cozygpu.devcluster.harness import stop_gently
+from cozygpu.devcluster.processes import stop_gently
 from cozygpu.ports import free_port
 
 JOB = "cozy-gpu-operator"  # the job the chart's ServiceMonitor names (jobLabel) and its rules read `up` by
