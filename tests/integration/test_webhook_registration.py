@@ -71,8 +71,11 @@ def test_the_operator_never_waits_on_its_own_webhook(
         operator.kill()
         with pytest.raises(ApiError, match="failed calling webhook"):
             update(kube, kinds.GPU_DEVICE, "h", lambda b: b["metadata"].update(labels={"who": "admin"}), namespace)
+        # As the operator writes a device's metadata: a merge patch under its version.
         protect = ["gpu.cozystack.io/in-use-protection"]
-        body = update(as_operator, kinds.GPU_DEVICE, "h", lambda b: b["metadata"].update(finalizers=protect), namespace)
+        version = as_operator.get(kinds.GPU_DEVICE, "h", namespace)["metadata"]["resourceVersion"]
+        patch = {"metadata": {"resourceVersion": version, "finalizers": protect}}
+        body = as_operator.patch(kinds.GPU_DEVICE, "h", patch, namespace)
         assert body["metadata"]["finalizers"] == protect
     finally:
         operator.kill()
