@@ -1,17 +1,20 @@
-"""Reads a kubeconfig's current context into plain connection fields.
+"""Reads a kubeconfig's current context into plain connection fields, and logs kopf in with them.
 
-kopf logs in with these (runtime.process.app); pykube reads the same file itself. Kept here
-so the kubeconfig format is handled in the adapter layer only.
+kopf logs in through `kopf_login` (runtime.process.handlers' login handler); pykube reads the same
+file itself. Kept here so the kubeconfig format is handled in the adapter layer only.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import kopf
 import yaml
 
 
@@ -59,3 +62,25 @@ def in_cluster_server(environ: Mapping[str, str]) -> str | None:
     if not host or not port:
         return None
     return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+
+
+def kopf_login(kubeconfig: Path | None, kopf_kwargs: dict[str, Any]) -> kopf.ConnectionInfo:
+    """kopf's connection: the kubeconfig's current context, or without one the in-cluster service account."""
+    if kubeconfig is None:
+        info = kopf.login_with_service_account(**kopf_kwargs)
+        if info is None:
+            raise kopf.LoginError("no kubeconfig given and no in-cluster service account found")
+        # kopf dials kubernetes.default.svc, which needs cluster DNS (none with hostNetwork and no
+        # ClusterFirstWithHostNet); the adapter dials the kubelet's address. One API server for both.
+        server = in_cluster_server(os.environ)
+        return info if server is None else dataclasses.replace(info, server=server)
+    conn = from_kubeconfig(kubeconfig)
+    return kopf.ConnectionInfo(
+        server=conn.server,
+        ca_data=conn.ca_data,
+        certificate_data=conn.certificate_data,
+        private_key_data=conn.private_key_data,
+        token=conn.token,
+        insecure=conn.insecure,
+        default_namespace=conn.namespace,
+    )

@@ -16,9 +16,7 @@ issue 35 item 4 moves those out and leaves the wiring.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import os
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -29,7 +27,6 @@ import structlog
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
 from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
-from cozygpu.kube import credentials
 from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
 from cozygpu.ports import free_port
 from cozygpu.runtime.admission import webhooks
@@ -384,26 +381,6 @@ class Operator:
         await self.health.stop()
         self.kube.close()
         log.info("operator.stopped")
-
-    def login(self, kopf_kwargs: dict[str, Any]) -> kopf.ConnectionInfo:
-        if self.settings.kubeconfig is None:
-            info = kopf.login_with_service_account(**kopf_kwargs)
-            if info is None:
-                raise kopf.LoginError("no kubeconfig given and no in-cluster service account found")
-            # kopf dials kubernetes.default.svc, which needs cluster DNS (none with hostNetwork and no
-            # ClusterFirstWithHostNet); self.kube dials the kubelet's address. One API server for both.
-            server = credentials.in_cluster_server(os.environ)
-            return info if server is None else dataclasses.replace(info, server=server)
-        conn = credentials.from_kubeconfig(self.settings.kubeconfig)
-        return kopf.ConnectionInfo(
-            server=conn.server,
-            ca_data=conn.ca_data,
-            certificate_data=conn.certificate_data,
-            private_key_data=conn.private_key_data,
-            token=conn.token,
-            insecure=conn.insecure,
-            default_namespace=conn.namespace,
-        )
 
 
 async def _at_most(seconds: float, step: str, work: Awaitable[None]) -> None:

@@ -15,6 +15,7 @@ import kopf
 from kopf._core.reactor import inventory  # kopf keeps its memories' type private
 
 from cozygpu.api import hooks
+from cozygpu.kube import credentials
 from cozygpu.runtime.process import leadership
 from cozygpu.runtime.process.app import Operator
 from cozygpu.settings import Settings
@@ -79,7 +80,7 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo:
-        return operator.login(kwargs)
+        return credentials.kopf_login(operator.settings.kubeconfig, kwargs)
 
     if operator.settings.webhook_mode == "off":
         return
