@@ -9,14 +9,14 @@ webhooks (runtime.admission.registration) under supervision (runtime.process.sup
 reports ready, on every replica (§10); on the Lease holder alone it then starts the binder, the
 collector, the accountant and the guard (and in dev mode registers the webhooks).
 
-Why one module: the wiring of every part, with readiness, drain and login beside it for now;
-issue 35 item 4 moves those out and leaves the wiring.
+kopf's login is kube.credentials'; its settings, webhook server and the client CA are
+runtime.process.serving's. Readiness, liveness and the drain stay here: they read the state the
+wiring holds.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -26,10 +26,7 @@ import structlog
 
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
-from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
-from cozygpu.kube.adapter import ApiError, AsyncKube, Kube
-from cozygpu.ports import free_port
-from cozygpu.runtime.admission import webhooks
+from cozygpu.kube.adapter import AsyncKube, Kube
 from cozygpu.runtime.admission.calls import Turns
 from cozygpu.runtime.admission.gate import Gate
 from cozygpu.runtime.admission.guard import ManagedResources
@@ -42,7 +39,7 @@ from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.ledger import Ledger
 from cozygpu.runtime.metrics import Metrics
-from cozygpu.runtime.process import leadership
+from cozygpu.runtime.process import leadership, serving
 from cozygpu.runtime.process.health import HealthServer
 from cozygpu.runtime.process.metrics_auth import MetricsGuard
 from cozygpu.runtime.process.supervision import Supervisor
@@ -173,7 +170,6 @@ class Operator:
         # Set to stop kopf (runtime.process.handlers); on a signal, only once admissions have drained.
         self.stop = asyncio.Event()
         self.stopping = False
-        self._client_ca: bytes | None = None
         self._tasks: list[asyncio.Task[None]] = []
         # Who hears of which changes: each worker keeps its own queue from them.
         self.view.subscribe(self._device_seen, kinds.GPU_DEVICE)
@@ -236,43 +232,10 @@ class Operator:
 
     # -- lifecycle -------------------------------------------------------------
 
-    def configure(self, settings: kopf.OperatorSettings) -> None:
-        # We watch objects we do not own: no events posted about them, no progress stored.
-        settings.posting.enabled = False
-        settings.scanning.disabled = True
-        settings.watching.server_timeout = 300
-        settings.watching.reconnect_backoff = 0.5
-        settings.queueing.batch_window = 0.01
-        logging.getLogger("kopf").setLevel(logging.WARNING)
-        mode = self.settings.webhook_mode
-        if mode == "dev":
-            host = "127.0.0.1"
-            port = self.settings.webhook_port or free_port(host)
-            self.registration.serving = webhooks.dev_serving(host, port, self._client_ca)
-            settings.admission.server = self.registration.serving.server
-        elif mode == "cluster":
-            server = webhooks.cluster_serving(self.settings, self._client_ca, lambda: self.stopping)
-            settings.admission.server = server
-
-    async def load_client_ca(self) -> None:
-        """§14.1: the CA whose client certificates may call the webhooks: the setting's file, or with --dev the
-        one a dev control plane publishes; without one the port serves any caller, and the log says so."""
-        if self.settings.webhook_mode == "off":
-            return
-        if self.settings.webhook_client_ca is not None:
-            self._client_ca = self.settings.webhook_client_ca.read_bytes()
-        elif self.settings.webhook_mode == "dev":
-            try:
-                published = await self.kube.get_or_none(kinds.kind("ConfigMap"), DEV_WEBHOOK_CLIENT_CA, DEV_NAMESPACE)
-            except ApiError as e:  # a restricted identity (--as-given) may not read it
-                log.warning("webhook.client_ca_unreadable", error=e.message)
-                published = None
-            ca = ((published or {}).get("data") or {}).get("ca.crt")
-            self._client_ca = ca.encode() if isinstance(ca, str) and ca else None
-        if self._client_ca is None:
-            log.warning("webhook.open", reason="no client CA: any caller that reaches the webhook port is served")
-        else:
-            log.info("webhook.client_ca", required=True)
+    async def configure(self, settings: kopf.OperatorSettings) -> None:
+        """kopf's settings and webhook server, with the client CA found first (runtime.process.serving)."""
+        ca = await serving.client_ca(self.settings, self.kube)
+        serving.configure(settings, self.settings, self.registration, ca, lambda: self.stopping)
 
     async def startup(self) -> None:
         """Every replica lists, watches and, once synced, serves admissions (§10); the Lease holder alone decides

@@ -69,8 +69,7 @@ async def _relay(source: asyncio.Event, target: asyncio.Event) -> None:
 def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-        await operator.load_client_ca()
-        operator.configure(settings)
+        await operator.configure(settings)
         await operator.startup()
         operator.drain_on_signals()  # after kopf's own handlers: ours replace them
 
