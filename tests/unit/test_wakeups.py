@@ -15,7 +15,22 @@ def _binder(c: Cluster) -> tuple[Binder, View]:
     view = View(c)
     binder = Binder(c, None, incomplete_after=30, concurrency=4)  # type: ignore[arg-type]  # changed() never writes
     view.subscribe(binder.changed)
+    binder.listen()  # as its run does, on the Lease holder
     return binder, view
+
+
+def test_a_binder_that_has_not_run_hears_no_change() -> None:
+    """§10: every replica's view feeds its binder, but only the Lease holder's runs; a standby's binder hears nothing
+    (its first pass on taking the Lease decides everything the view holds)."""
+    c = cluster(classes=[gpu_class("a10", A10)], nodes=[node("n1", {A10: 2})], devices=[device("a")])
+    view = View(c)
+    binder = Binder(c, None, incomplete_after=30, concurrency=4)  # type: ignore[arg-type]  # changed() never writes
+    view.subscribe(binder.changed)
+    assert view.apply(kinds.GPU_DEVICE, device("a", phase="Pending")).stored
+    assert not binder._wake.is_set()
+    binder.listen()
+    assert view.apply(kinds.GPU_DEVICE, device("a", phase="Pending", node_name="n1")).stored
+    assert binder._wake.is_set()
 
 
 def test_a_vmi_status_update_wakes_no_worker_and_no_waiting_admission() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from cozygpu.decisions.budgets import Order
+from cozygpu.state.cluster import Change
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,11 @@ class Reservations:
         """Whether the order for the device of this uid is reserved here (the order ledger's `mine`): a create of the
         same name racing on another replica is another device, another order (§14)."""
         return any(self._items[k].uid == uid or not uid for k in self._by_name.get((namespace, name), ()))
+
+    def changed(self, change: Change) -> None:
+        """The view's change of a device (it subscribes to them): one it has now counts there."""
+        if not change.deleted:
+            self.seen(change.namespace, change.name)
 
     def seen(self, namespace: str, name: str) -> None:
         """The view has the device now: it counts there."""

@@ -52,7 +52,7 @@ from cozygpu.runtime.workers.binder import Binder
 from cozygpu.runtime.workers.collector import Collector
 from cozygpu.runtime.writes import Writer
 from cozygpu.settings import Settings
-from cozygpu.state.cluster import Change, Cluster
+from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.operator")
 CLEANUP_STEP = 3.0  # seconds each API call of the clean-up may take before it is given up
@@ -172,12 +172,12 @@ class Operator:
         self.stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         # Who hears of which changes: each worker keeps its own queue from them.
-        self.view.subscribe(self._device_seen, kinds.GPU_DEVICE)
+        self.view.subscribe(self.reservations.changed, kinds.GPU_DEVICE)
         self.view.subscribe(self.collector.changed, kinds.GPU_DEVICE, kinds.VMI, kinds.GPU_CLASS, kinds.POD)
         self.view.subscribe(self.accountant.changed)
         self.view.subscribe(self.guard.changed, kinds.GPU_CLASS)
         self.view.subscribe(self.waiters.changed, kinds.GPU_DEVICE)  # an admission hears of its own devices only
-        self.view.subscribe(self._wake)
+        self.view.subscribe(self.binder.changed)  # heard once it runs, on the Lease holder (§10)
 
     # -- readiness ---------------------------------------------------------
 
@@ -219,16 +219,6 @@ class Operator:
     async def _exists(self, kind: Kind, namespace: str, name: str) -> bool:
         # Through the writer: what the fresh read finds reaches the view too (issue 20 item 4).
         return (await self.writer.read(kind, name, namespace)).body is not None
-
-    def _device_seen(self, change: Change) -> None:
-        if not change.deleted:
-            self.reservations.seen(change.namespace, change.name)
-
-    def _wake(self, change: Change) -> None:
-        """While it decides (the leader's, §10), the binder takes what the change hints at; a standby's binder
-        hears nothing, and its first pass on taking the Lease decides everything the view holds."""
-        if self.deciding:
-            self.binder.changed(change)
 
     # -- lifecycle -------------------------------------------------------------
 

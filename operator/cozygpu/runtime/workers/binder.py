@@ -71,6 +71,9 @@ class Binder:
         self._events = events
         self._metrics = metrics
         self._wake = asyncio.Event()
+        # It hears the view's changes once it has run (on the Lease holder, §10): a standby's binder hears nothing,
+        # and its first pass on taking the Lease decides everything the view holds.
+        self._listening = False
         # What the next pass decides (`waiting.to_decide`): devices with events since the last pass,
         # classes that gained room, classes whose serving nodes changed; everything on the first pass.
         self._fresh: set[DeviceKey] = set()
@@ -107,10 +110,16 @@ class Binder:
     def poke(self) -> None:
         self._wake.set()
 
+    def listen(self) -> None:
+        """Hear the view's changes from now on: `run` does, so only the Lease holder's binder hears them (§10)."""
+        self._listening = True
+
     def changed(self, change: Change) -> None:
         """A change in the view: a device may be new in the waiting room or carry a request, a class may have
         gained room or serving nodes; only what it names is decided again, and a change that names none of
         these (a VMI's status, a node's heartbeat, a budget) does not wake the binder at all."""
+        if not self._listening:
+            return
         reach = self.mover.heard(change.reach)
         self._reach |= reach
         if not (change.room or change.served or reach or (change.kind is kinds.GPU_DEVICE and not change.deleted)):
@@ -143,6 +152,7 @@ class Binder:
     async def run(self) -> None:
         """Decide until cancelled; called once the cluster view has synced. Cancelling it cancels
         the writes in flight too: a replica that lost the Lease must stop writing at once (§10)."""
+        self.listen()
         try:
             while True:
                 self._wake.clear()
