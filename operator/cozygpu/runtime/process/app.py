@@ -10,8 +10,8 @@ reports ready, on every replica (§10); on the Lease holder alone it then starts
 collector, the accountant and the guard (and in dev mode registers the webhooks).
 
 kopf's login is kube.credentials'; its settings, webhook server and the client CA are
-runtime.process.serving's. Readiness, liveness and the drain stay here: they read the state the
-wiring holds.
+runtime.process.serving's; what ready means is runtime.process.health's, over a snapshot taken
+here. The drain stays here: it stops what the wiring started.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.ledger import Ledger
 from cozygpu.runtime.metrics import Metrics
-from cozygpu.runtime.process import leadership, serving
+from cozygpu.runtime.process import health, leadership, serving
 from cozygpu.runtime.process.health import HealthServer
 from cozygpu.runtime.process.metrics_auth import MetricsGuard
 from cozygpu.runtime.process.supervision import Supervisor
@@ -182,30 +182,21 @@ class Operator:
     # -- readiness ---------------------------------------------------------
 
     def readiness(self) -> tuple[bool, str]:
-        """Ready once the view has synced and the webhooks serve, leader or standby (§10): every synced replica
-        serves admissions. The text says which role the replica has."""
-        if self.stopping:
-            return False, "stopping: answering the admissions under way"
-        if not self.synced:
-            return False, "the cluster view has not synced yet"
-        if not self.registration.ready:
-            return False, "the admission webhooks are not serving yet"
-        if self.settings.webhook_mode == "dev" and not self.registration.registered:
-            # Dev mode serves itself: ready means the API server calls it (its registration, as leader).
-            return False, "the admission webhooks are not registered yet"
-        for task in self._tasks:
-            if task.done():
-                return False, f"{task.get_name()} stopped"
-        failing = sorted(self.supervisor.failing().items())
-        if failing:
-            name, why = failing[0]
-            return False, f"{name} failed and is starting again: {why}"
-        for informer in self.informers + self.pods.informers:
-            if informer.failing is not None:
-                return False, f"the watch of {informer.kind.plural} is failing: {informer.failing}"
-        if self.leadership is None:
-            return True, ""
-        return True, "leader" if self.leadership.leading else f"standby, {self._not_leading}"
+        """The rule is runtime.process.health's; this is what it reads of this replica now."""
+        role = ""
+        if self.leadership is not None:
+            role = "leader" if self.leadership.leading else f"standby, {self._not_leading}"
+        replica = health.Replica(
+            stopping=self.stopping,
+            synced=self.synced,
+            serving=self.registration.ready,
+            unregistered=self.settings.webhook_mode == "dev" and not self.registration.registered,
+            stopped=[t.get_name() for t in self._tasks if t.done()],
+            failing=list(self.supervisor.failing().items()),
+            watches=[(i.kind.plural, i.failing) for i in self.informers + self.pods.informers if i.failing is not None],
+            role=role,
+        )
+        return health.readiness(replica)
 
     def liveness(self) -> tuple[bool, str]:
         dead = sorted(self.supervisor.dead().items())

@@ -1,14 +1,53 @@
 """/healthz, /readyz and /metrics over plain HTTP (§10): ready only once nothing decides on a partial view;
 alive while no task the process needs has died (a blocked event loop answers nothing, which the probe's
-timeout reads the same way). /metrics answers only callers the guard allows (§14.4, runtime.process.metrics_auth)."""
+timeout reads the same way). /metrics answers only callers the guard allows (§14.4, runtime.process.metrics_auth).
+
+What ready means is `readiness`, a rule over a `Replica` snapshot the Operator takes at each probe.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from aiohttp import web
 
 Guard = Callable[[str | None], Awaitable[tuple[int, str]]]  # Authorization header -> (status, why)
+
+
+@dataclass(frozen=True)
+class Replica:
+    """What readiness reads of a replica, at one moment."""
+
+    stopping: bool  # draining before it stops
+    synced: bool  # the cluster view has listed everything once
+    serving: bool  # the webhook server accepts connections
+    unregistered: bool  # dev mode, and its own webhook configurations are not registered yet
+    stopped: Sequence[str] = ()  # tasks of the process that ended
+    failing: Sequence[tuple[str, str]] = ()  # workers starting again, and why
+    watches: Sequence[tuple[str, str]] = ()  # watches failing (the kind's plural), and why
+    role: str = ""  # "leader", "standby, ..." (no leader election: "")
+
+
+def readiness(replica: Replica) -> tuple[bool, str]:
+    """Ready once the view has synced and the webhooks serve, leader or standby (§10): every synced replica
+    serves admissions. The text says which role the replica has, or why it is not ready."""
+    if replica.stopping:
+        return False, "stopping: answering the admissions under way"
+    if not replica.synced:
+        return False, "the cluster view has not synced yet"
+    if not replica.serving:
+        return False, "the admission webhooks are not serving yet"
+    if replica.unregistered:
+        # Dev mode serves itself: ready means the API server calls it (its registration, as leader).
+        return False, "the admission webhooks are not registered yet"
+    for name in replica.stopped:
+        return False, f"{name} stopped"
+    for name, why in sorted(replica.failing):
+        return False, f"{name} failed and is starting again: {why}"
+    for kind, why in replica.watches:
+        return False, f"the watch of {kind} is failing: {why}"
+    return True, replica.role
 
 
 class HealthServer:
