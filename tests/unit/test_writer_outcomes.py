@@ -147,3 +147,45 @@ def test_a_read_of_a_name_never_held_leaves_no_tombstone_behind() -> None:
     assert asyncio.run(w.read(kinds.GPU_DEVICE, "never", NS)).state is State.GONE
     view.apply(kinds.GPU_DEVICE, old)  # a late echo of the removed object
     assert view.cluster.device(NS, "old") is None
+
+
+# -- the one read-decide-write loop (issue 35 item 3) ----------------------------------------------------------
+
+
+def test_update_decides_again_on_what_another_writer_wrote_first() -> None:
+    """A write made on a stale version conflicts; `update` decides again on the fresh read the CONFLICT carries,
+    and its second write lands on top of the other writer's."""
+    w, view, kube = writer()
+    stale = seen(view, kube, device())
+    kube.change(kinds.GPU_DEVICE, with_status(stale, phase="Pending"), status=True)  # someone wrote first
+    seen_versions: list[str] = []
+
+    async def decide(body: dict[str, object] | None) -> object:
+        assert body is not None
+        seen_versions.append(body["metadata"]["resourceVersion"])  # type: ignore[index]
+        return lambda: w.replace_status(kinds.GPU_DEVICE, with_status(body, message="mine"))
+
+    outcome = asyncio.run(w.update(stale, decide))  # type: ignore[arg-type]
+    assert outcome.written and len(seen_versions) == 2 and seen_versions[0] != seen_versions[1]
+    status = (kube.stored(kinds.GPU_DEVICE, "d", NS) or {})["status"]
+    assert (status["phase"], status["message"]) == ("Pending", "mine")
+
+
+def test_update_writes_nothing_when_nothing_is_left_to_write_and_gives_up_after_its_tries() -> None:
+    """CURRENT when `decide` has nothing to write; the last CONFLICT when another writer always wins."""
+    w, view, kube = writer()
+    stored = seen(view, kube, device())
+
+    async def nothing(body: dict[str, object] | None) -> None:
+        return None
+
+    assert asyncio.run(w.update(stored, nothing)).state is State.CURRENT
+    calls = []
+
+    async def always_stale(body: dict[str, object] | None) -> object:
+        calls.append(body)
+        return lambda: w.replace_status(kinds.GPU_DEVICE, with_status(stored, message="late"))  # the first version
+
+    kube.change(kinds.GPU_DEVICE, with_status(stored, phase="Pending"), status=True)
+    outcome = asyncio.run(w.update(stored, always_stale, tries=3))  # type: ignore[arg-type]
+    assert outcome.state is State.CONFLICT and len(calls) == 3

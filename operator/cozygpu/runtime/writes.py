@@ -55,6 +55,13 @@ class Outcome:
         return self.state is State.LANDED
 
 
+# How often a read-decide-write loop decides again on what another writer wrote first (`Writer.update`).
+RETRIES = 5
+
+# One write to make (a replace, a patch, a delete under a precondition), made when awaited.
+Step = Callable[[], Awaitable[Outcome]]
+
+
 def _where(body: Body) -> tuple[str, str]:
     meta = body.get("metadata") or {}
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
@@ -83,6 +90,23 @@ class Writer:
         """Write the status subresource; `assumption`: the token of the binder's decision this write carries
         (`assume`), settled by the API's answer or a fresh read, whatever the outcome."""
         return await self._write(self._kube.replace_status, kind, body, assumption)
+
+    async def update(
+        self, current: Body | None, decide: Callable[[Body | None], Awaitable[Step | None]], *, tries: int = RETRIES
+    ) -> Outcome:
+        """Decide on `current` and write; whenever someone wrote first, decide again on what the API has now (the
+        write's CONFLICT carries it), as client-go's RetryOnConflict: the one read-decide-write loop. `decide`
+        returns the write to make, or None when nothing is left to write (then CURRENT, with what it decided on).
+        The outcome is the landing write's (GONE: the object went), or after `tries` conflicts the last CONFLICT."""
+        for _ in range(tries):
+            step = await decide(current)
+            if step is None:
+                return Outcome(State.CURRENT, current)
+            outcome = await step()
+            if outcome.state is not State.CONFLICT:
+                return outcome
+            current = outcome.body
+        return Outcome(State.CONFLICT, current)
 
     async def replace(self, kind: kinds.Kind, body: Body) -> Outcome:
         return await self._write(self._kube.replace, kind, body, None)

@@ -16,9 +16,9 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ParamSpec
 
 import structlog
 
@@ -33,12 +33,13 @@ from cozygpu.runtime.admission.calls import Turns, gather_bounded, gather_outcom
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.events import Recorder
-from cozygpu.runtime.writes import Outcome, State, Writer
+from cozygpu.runtime.writes import Outcome, State, Step, Writer
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.webhook")
 
-CONFLICT_RETRIES = 5
+P = ParamSpec("P")
+Body = dict[str, Any]
 UNDO_TIMEOUT = 5.0  # seconds an undo may take before the refusal is answered; the collector has the rest
 
 
@@ -174,9 +175,6 @@ class VMIAdmission:
 
     # -- §3.3, §3.4: fresh reads ---------------------------------------------
 
-    async def _get(self, namespace: str, name: str) -> GPUDevice | None:
-        return _device((await self._read(kinds.GPU_DEVICE, namespace, name)).body)
-
     async def _read(self, kind: kinds.Kind, namespace: str, name: str, tenant: str | None = None) -> Outcome:
         """A fresh read through the writer, so what it finds reaches the view too (issue 20 item 4)."""
         try:
@@ -271,8 +269,11 @@ class VMIAdmission:
     async def _request(self, device: GPUDevice, vmi: str, request: BindRequest, writes: _Writes) -> None:
         """Attach and write the request in one status update, under the device's resourceVersion."""
         namespace = device.namespace or ""
-        current: GPUDevice | None = device
-        for _ in range(CONFLICT_RETRIES):
+        attaching = False
+
+        async def decide(body: Body | None) -> Step:
+            nonlocal attaching
+            current = _device(body)
             refusal = attach.refusal(current, device.name, vmi)
             if refusal is not None:
                 raise Refusal(refusal)
@@ -280,17 +281,18 @@ class VMIAdmission:
             earlier = attach.earlier_vmi(current)  # only then is the API asked: the view may lag a restart
             gone = earlier is not None and not await self._vmi_exists(namespace, vmi, earlier)
             step = attach.requested(current, vmi, request, utcnow(), earlier_gone=gone)
-            outcome = await self._turns.call(
-                namespace, self._writer.replace_status, kinds.GPU_DEVICE, step.device.wire()
-            )
-            if not outcome.written:  # someone wrote first: decide again on what they wrote
-                current = _device(outcome.body)
-                continue
-            writes.requested.append(device.name)
-            if step.attaching:
-                writes.attached.append(device.name)
-            return
-        raise Refusal(f"GPUDevice {device.name} kept changing while being attached; KubeVirt retries the start")
+            attaching = step.attaching
+            return self._write(namespace, self._writer.replace_status, kinds.GPU_DEVICE, step.device.wire())
+
+        if not (await self._writer.update(device.wire(), decide)).written:
+            raise Refusal(f"GPUDevice {device.name} kept changing while being attached; KubeVirt retries the start")
+        writes.requested.append(device.name)
+        if attaching:
+            writes.attached.append(device.name)
+
+    def _write(self, namespace: str, call: Callable[P, Awaitable[Outcome]], *args: P.args, **kwargs: P.kwargs) -> Step:
+        """A write of this admission, made in the namespace's turn (issue 34 item 6)."""
+        return lambda: self._turns.call(namespace, call, *args, **kwargs)
 
     async def _vmi_exists(self, namespace: str, name: str, uid: str) -> bool:
         """Whether the VMI object of `uid` still has the name, read fresh: the view may lag its deletion."""
@@ -338,64 +340,65 @@ class VMIAdmission:
         """Delete a template device this call made, unless a concurrent create of the same VMI name took it
         over (issue 12 item 7); read fresh and deleted under its resourceVersion, so a takeover racing the
         delete makes it fail and decide again."""
-        current = await self._get(namespace, created.name)
-        for _ in range(CONFLICT_RETRIES):
+
+        async def decide(body: Body | None) -> Step | None:
+            current = _device(body)
             if current is None or current.metadata.uid != created.metadata.uid:
-                return
+                return None
             if attach.taken_over(current, request_id):
                 log.info("vmi.undo.left", device=created.name, request_id=request_id)
-                return
-            outcome = await self._turns.call(
+                return None
+            rv = current.metadata.resource_version
+            delete = self._writer.delete
+            return self._write(
                 namespace,
-                self._writer.delete,
+                delete,
                 kinds.GPU_DEVICE,
                 created.name,
                 namespace,
                 uid=created.metadata.uid,
-                resource_version=current.metadata.resource_version,
+                resource_version=rv,
             )
-            if outcome.state is State.CONFLICT:  # written meanwhile: decide again on the writer's fresh read
-                current = _device(outcome.body)
-                continue
-            if outcome.state is State.LANDED:  # GONE: gone already, with no finalizer to release
-                await self._release(namespace, created)
-            log.info("vmi.undo.deleted", device=created.name)
+
+        outcome = await self._writer.update(await self._body(namespace, created.name), decide)
+        if outcome.state is State.CONFLICT:
+            # Written to all the while: what is left, the garbage collector clears after the grace period (§6.3).
+            log.warning("vmi.undo.incomplete", device=created.name, error="it kept changing", request_id=request_id)
             return
-        # Written to all the while: what is left, the garbage collector clears after the grace period (§6.3).
-        log.warning("vmi.undo.incomplete", device=created.name, error="it kept changing", request_id=request_id)
+        if outcome.state is State.LANDED:  # GONE: gone already, with no finalizer to release
+            await self._release(namespace, created)
+        if outcome.state is not State.CURRENT:
+            log.info("vmi.undo.deleted", device=created.name)
 
     async def _release(self, namespace: str, created: GPUDevice) -> None:
         """Drop the in-use finalizer from a template device this call deleted: the collector may have added it
         meanwhile (it records the VMI of the name that names it, which may be another call's), and would keep it."""
-        current = await self._get(namespace, created.name)
-        for _ in range(CONFLICT_RETRIES):
+
+        async def decide(body: Body | None) -> Step | None:
+            current = _device(body)
             if current is None or current.metadata.uid != created.metadata.uid:
-                return
+                return None
             if FINALIZER_IN_USE not in current.metadata.finalizers:
-                return
+                return None
             kept = lifecycle.protected(current.metadata.finalizers, protect=False)
             patch = {"metadata": {"resourceVersion": current.metadata.resource_version, "finalizers": kept}}
-            outcome = await self._turns.call(
-                namespace, self._writer.patch, kinds.GPU_DEVICE, created.name, namespace, patch
-            )
-            if outcome.written:
-                return
-            current = _device(outcome.body)  # someone wrote first: the writer's fresh read
+            return self._write(namespace, self._writer.patch, kinds.GPU_DEVICE, created.name, namespace, patch)
+
+        await self._writer.update(await self._body(namespace, created.name), decide)
 
     async def _clear(self, namespace: str, name: str, vmi: str, request_id: str, attached_by_us: bool) -> None:
-        current = await self._get(namespace, name)
-        for _ in range(CONFLICT_RETRIES):
-            if current is None:
-                return
-            undone = attach.undone(current, vmi, request_id, attached_by_us)
+        async def decide(body: Body | None) -> Step | None:
+            current = _device(body)
+            undone = attach.undone(current, vmi, request_id, attached_by_us) if current is not None else None
             if undone is None:
-                return
-            outcome = await self._turns.call(namespace, self._writer.replace_status, kinds.GPU_DEVICE, undone.wire())
-            if not outcome.written:  # someone wrote first: decide again on the writer's fresh read
-                current = _device(outcome.body)
-                continue
+                return None
+            return self._write(namespace, self._writer.replace_status, kinds.GPU_DEVICE, undone.wire())
+
+        if (await self._writer.update(await self._body(namespace, name), decide)).written:
             log.info("vmi.undo.cleared", device=name, request_id=request_id)
-            return
+
+    async def _body(self, namespace: str, name: str) -> Body | None:
+        return (await self._read(kinds.GPU_DEVICE, namespace, name)).body
 
 
 def _device(body: dict[str, Any] | None) -> GPUDevice | None:
