@@ -1,7 +1,7 @@
 """The operator process, as wiring: one cluster view and its door, the one writer, the workers.
 
-`Operator` is what the kopf handlers (runtime.process.handlers) call for start-up, clean-up and
-login; their admission handlers go to the gate (runtime.admission.gate). The informers
+`Operator` is what the kopf handlers (runtime.process.handlers) call for start-up and clean-up;
+their admission handlers go to the gate (runtime.admission.gate). The informers
 (runtime.watching.informer, runtime.watching.podwatch) feed the view's door (runtime.view), whose changes
 wake the workers that subscribed. `startup` seeds the view with a resync
 (runtime.watching.resync), learns its own identity, keeps the watches going and serves the
