@@ -99,7 +99,7 @@ def settings_of(args: argparse.Namespace, environ: Mapping[str, str], kubeconfig
 
 def _run(args: argparse.Namespace) -> int:
     kubeconfig = args.kubeconfig
-    if args.dev and kubeconfig and not args.as_given:
+    if (args.dev or args.webhook_mode == "dev") and kubeconfig and not args.as_given:
         # §12.4: never as a person's credentials, or the webhooks that skip the operator would skip them too.
         own, user = identity.own_identity(Path(kubeconfig), Path(tempfile.mkdtemp(prefix="cozygpu-dev-")))
         if own != Path(kubeconfig):
