@@ -4,16 +4,15 @@ each a few calls, does not queue another tenant's calls behind all of its own at
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
-from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.runtime.admission.calls import Turns
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.vmi_webhook import VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
+from tests.support.bodies import vmi_body
 from tests.support.memkube import MemKube
 from tests.support.views import A10, gpu_class, node
 from tests.support.writing import writer
@@ -40,10 +39,7 @@ class Pool:
 
 
 def _vmi(name: str, namespace: str) -> Body:
-    refs = [{"deviceTemplate": {"className": "a10", "count": 1}}]
-    labels, annotations = {LABEL_DEVICE_REFERENCE: TRUE}, {ANNOTATION_DEVICES: json.dumps(refs)}
-    meta = {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations}
-    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta, "spec": {}}
+    return vmi_body(name, namespace, [{"deviceTemplate": {"className": "a10", "count": 1}}])
 
 
 async def _quiet_tenants_wait(turns: Turns | None) -> int:

@@ -5,7 +5,6 @@ with the context every line of a review or a decision carries."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,11 +13,11 @@ import structlog
 
 from cozygpu.api import kinds
 from cozygpu.api.meta import now
-from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.vmi_webhook import Refusal, VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.workers.binder import Binder
+from tests.support.bodies import vmi_body
 from tests.support.views import A10, device, gpu_class, node, request
 from tests.support.workers import run_until
 from tests.support.writing import NS, writer
@@ -39,9 +38,7 @@ def _named(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
 
 
 def _vmi(name: str, *refs: Body) -> Body:
-    meta = {"name": name, "namespace": NS, "labels": {LABEL_DEVICE_REFERENCE: TRUE}}
-    meta["annotations"] = {ANNOTATION_DEVICES: json.dumps(list(refs))}
-    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta, "spec": {}}
+    return vmi_body(name, NS, list(refs))
 
 
 def _admission() -> VMIAdmission:

@@ -4,15 +4,14 @@ item 6, §7.4): an order checked but whose device is not created yet holds its u
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
-from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.vmi_webhook import Refusal, VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
+from tests.support.bodies import vmi_body
 from tests.support.views import A10, budget, gpu_class, node
 from tests.support.writing import NS, writer
 
@@ -20,10 +19,7 @@ Body = dict[str, Any]
 
 
 def _vmi(name: str) -> Body:
-    refs = [{"deviceTemplate": {"className": "a10", "count": 1}}]
-    labels, annotations = {LABEL_DEVICE_REFERENCE: TRUE}, {ANNOTATION_DEVICES: json.dumps(refs)}
-    meta = {"name": name, "namespace": NS, "labels": labels, "annotations": annotations}
-    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta, "spec": {}}
+    return vmi_body(name, NS, [{"deviceTemplate": {"className": "a10", "count": 1}}])
 
 
 async def _second_while_first_creates() -> tuple[BaseException | None, bool, list[Any]]:
