@@ -38,6 +38,18 @@ class Settings(BaseModel):
         description="Seconds a webhook connection is kept: the first answer after closes it, so the API server's"
         " next call goes through the Service again and a replica that joins gets its share (§10).",
     )
+    webhook_peer_connections: int = Field(
+        default=512,
+        ge=1,
+        description="Open connections one peer address may hold on the webhook port (§14.1); the next is closed"
+        " before TLS starts. The API server opens one per call under way, up to its mutating in-flight limit.",
+    )
+    webhook_handshakes: int = Field(
+        default=4,
+        ge=1,
+        description="TLS handshakes a replica runs at once on the webhook port (§14.1), handed round robin by peer"
+        " address, so callers without a client certificate cannot keep its event loop busy with key exchanges.",
+    )
     grace_period: float = Field(default=120.0, gt=0, description="Attachment grace period (§6.3), seconds.")
     sweep_interval: float = Field(default=60.0, gt=0, description="Safety-net sweep period (§6.4), seconds.")
     pod_scan_interval: float = Field(

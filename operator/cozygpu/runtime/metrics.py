@@ -57,6 +57,13 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.refused_connections = Tally(
+            "cozygpu_webhook_connections_refused_total",
+            "Connections the webhook port turned away before or during TLS (§14.1), by reason: peer_connections"
+            " (the peer address had too many open), waited_too_long (backoff and turn), handshake_failed.",
+            ["reason"],
+            registry=self.registry,
+        )
         # The process's own state, read at scrape time once the Operator points them at it (0 until then).
         self.ready = Gauge("cozygpu_ready", "1 while /readyz answers 200 (leader or standby).", registry=self.registry)
         self.leader = Gauge(

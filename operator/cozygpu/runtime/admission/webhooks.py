@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextvars
+import hashlib
 import json
 import ssl
 import tempfile
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,10 @@ from cozygpu.api.names import (
     LAUNCHER,
     TRUE,
 )
+from cozygpu.runtime.admission import doorway
 from cozygpu.settings import Settings
+
+log = structlog.get_logger("cozygpu.webhook")
 
 CONFIGURATION_NAME = "cozy-gpu-operator"
 # The API server calls mutating configurations in the order of their names: ours sorts after KubeVirt's
@@ -78,6 +82,7 @@ MAX_REVIEW_BYTES = 4 * 1024 * 1024
 BODY_WITHIN = 10.0
 # How long a connection serves reviews before an answer closes it (§10; the setting's default, and the dev server's).
 CONNECTION_LIFE = 30.0
+DEFAULT_LIMITS = doorway.Limits()
 
 
 def envelope_problem(review: Any) -> str | None:
@@ -132,11 +137,66 @@ class ReviewServer(kopf.WebhookServer):
     closing: Callable[[], bool] = staticmethod(lambda: False)
     read_within: float = BODY_WITHIN
     connection_life: float = CONNECTION_LIFE
+    limits: doorway.Limits = DEFAULT_LIMITS
+    refused: Callable[[str], None] = staticmethod(lambda reason: None)  # a connection turned away, and why
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
         # When each open connection (its transport) brought its first request; forgotten as it closes.
         self._born: weakref.WeakKeyDictionary[asyncio.BaseTransport, float] = weakref.WeakKeyDictionary()
+        self.doorway: doorway.Doorway | None = None  # while serving
+
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
+        """Serve until cancelled, through a `Doorway` (§14.1) rather than kopf's own TCP site; a renewed certificate
+        (the files changed) serves the connections from then on, with no gap in listening."""
+
+        async def serve(request: aiohttp.web.Request) -> aiohttp.web.Response:
+            return await self._serve(fn, request)
+
+        cadata, context = self._build_ssl()
+        if context is None:
+            raise ValueError("the webhook server serves TLS only")
+        app = aiohttp.web.Application()
+        app.add_routes([aiohttp.web.post("/{id:.*}", serve)])
+        runner = aiohttp.web.AppRunner(app, handle_signals=False)
+        await runner.setup()
+        try:
+            door = self.doorway = doorway.Doorway(
+                runner,
+                self.addr or None,
+                self.port or 9443,
+                context,
+                self.limits,
+                refused=lambda reason: self.refused(reason),
+            )
+            await door.start()
+            config: dict[str, Any] = {"url": f"https://{self.host or self.addr}:{self.port}"}
+            if cadata is not None:
+                config["caBundle"] = base64.b64encode(cadata).decode()
+            yield config
+            async for context in self._renewed():
+                door.context = context
+        finally:
+            await runner.cleanup()
+
+    async def _renewed(self) -> AsyncIterator[ssl.SSLContext]:
+        """A new context each time the certificate's files change (checked every `file_check_interval`: a mounted
+        Secret's files change with no event to watch)."""
+        seen = _digest(self.certfile, self.pkeyfile)
+        while True:
+            await asyncio.sleep(self.file_check_interval)
+            try:
+                now = _digest(self.certfile, self.pkeyfile)
+                if now == seen:
+                    continue
+                _, context = self._build_ssl()
+            except (OSError, ssl.SSLError) as e:  # a rotation half-way: the old context serves on
+                log.warning("webhook.certificate_unreadable", error=str(e))
+                continue
+            seen = now
+            if context is not None:
+                log.info("webhook.certificate_renewed")
+                yield context
 
     def _aged(self, request: aiohttp.web.Request) -> bool:
         """Whether the request's connection has lived `connection_life`, timed from its first request."""
@@ -174,6 +234,14 @@ class ReviewServer(kopf.WebhookServer):
         return response
 
 
+def _digest(*paths: Any) -> str:
+    hasher = hashlib.sha256()
+    for path in paths:
+        if path is not None:
+            hasher.update(Path(path).read_bytes())
+    return hasher.hexdigest()
+
+
 async def _answer_and_close(request: aiohttp.web.Request, status: int, reason: str) -> aiohttp.web.Response:
     """Answer, then close the connection at once: aiohttp would otherwise go on reading the rest of the body for
     10 s (its lingering close), holding a drain that long."""
@@ -200,12 +268,18 @@ def _clients_of(client_ca: bytes | None) -> dict[str, Any]:
     return {"verify_mode": ssl.CERT_REQUIRED, "verify_cadata": client_ca.decode()}
 
 
+def limits_of(settings: Settings) -> doorway.Limits:
+    return doorway.Limits(peer_connections=settings.webhook_peer_connections, handshakes=settings.webhook_handshakes)
+
+
 def dev_serving(
     host: str,
     port: int,
     client_ca: bytes | None = None,
+    *,
     read_within: float = BODY_WITHIN,
     connection_life: float = CONNECTION_LIFE,
+    limits: doorway.Limits = DEFAULT_LIMITS,
 ) -> Serving:
     """A self-signed CA and a serving certificate for `host`, in a private temporary directory."""
     directory = Path(tempfile.mkdtemp(prefix="cozygpu-webhook-"))
@@ -220,12 +294,13 @@ def dev_serving(
     )
     server.read_within = read_within
     server.connection_life = connection_life
+    server.limits = limits
     return Serving(server, f"https://{host}:{port}", ca.cert_pem)
 
 
 def cluster_serving(settings: Settings, client_ca: bytes | None, closing: Callable[[], bool]) -> ReviewServer:
-    """The chart's mounted certificate (tls.crt, tls.key); kopf reloads it when the files change. `closing` says
-    when the replica drains."""
+    """The chart's mounted certificate (tls.crt, tls.key); a renewed one serves once its files change. `closing`
+    says when the replica drains."""
     server = ReviewServer(
         addr=settings.webhook_host,
         port=settings.webhook_port or 9443,
@@ -235,6 +310,7 @@ def cluster_serving(settings: Settings, client_ca: bytes | None, closing: Callab
     )
     server.closing = closing
     server.connection_life = settings.webhook_connection_life
+    server.limits = limits_of(settings)
     return server
 
 

@@ -216,7 +216,14 @@ class Operator:
     async def configure(self, settings: kopf.OperatorSettings) -> None:
         """kopf's settings and webhook server, with the client CA found first (runtime.process.serving)."""
         ca = await serving.client_ca(self.settings, self.kube)
-        serving.configure(settings, self.settings, self.registration, ca, lambda: self.stopping)
+        serving.configure(
+            settings,
+            self.settings,
+            self.registration,
+            ca,
+            closing=lambda: self.stopping,
+            refused=lambda reason: self.metrics.refused_connections.labels(reason).inc(),
+        )
 
     async def startup(self) -> None:
         """Every replica lists, watches and, once synced, serves admissions (§10); the Lease holder alone decides

@@ -54,9 +54,12 @@ def configure(
     settings: Settings,
     registration: Registration,
     ca: bytes | None,
+    *,
     closing: Callable[[], bool],
+    refused: Callable[[str], None],
 ) -> None:
-    """kopf's settings, and its webhook server for the mode."""
+    """kopf's settings, and its webhook server for the mode; `refused` is told of each connection the webhook port
+    turned away (§14.1)."""
     # We watch objects we do not own: no events posted about them, no progress stored.
     kopf_settings.posting.enabled = False
     kopf_settings.scanning.disabled = True
@@ -66,7 +69,16 @@ def configure(
     logging.getLogger("kopf").setLevel(logging.WARNING)
     if settings.webhook_mode == "dev":
         host = "127.0.0.1"
-        registration.serving = webhooks.dev_serving(host, settings.webhook_port or free_port(host), ca)
+        registration.serving = webhooks.dev_serving(
+            host,
+            settings.webhook_port or free_port(host),
+            ca,
+            connection_life=settings.webhook_connection_life,
+            limits=webhooks.limits_of(settings),
+        )
+        registration.serving.server.refused = refused
         kopf_settings.admission.server = registration.serving.server
     elif settings.webhook_mode == "cluster":
-        kopf_settings.admission.server = webhooks.cluster_serving(settings, ca, closing)
+        server = webhooks.cluster_serving(settings, ca, closing)
+        server.refused = refused
+        kopf_settings.admission.server = server
