@@ -167,7 +167,7 @@ class ReviewServer(kopf.WebhookServer):
                 self.port or 9443,
                 context,
                 self.limits,
-                refused=lambda reason: self.refused(reason),
+                refused=self._turned_away,
             )
             await door.start()
             config: dict[str, Any] = {"url": f"https://{self.host or self.addr}:{self.port}"}
@@ -178,6 +178,9 @@ class ReviewServer(kopf.WebhookServer):
                 door.context = context
         finally:
             await runner.cleanup()
+
+    def _turned_away(self, reason: str) -> None:
+        self.refused(reason)  # looked up when told: set after the server started, as the tests do
 
     async def _renewed(self) -> AsyncIterator[ssl.SSLContext]:
         """A new context each time the certificate's files change (checked every `file_check_interval`: a mounted

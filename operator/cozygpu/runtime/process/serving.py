@@ -65,7 +65,6 @@ def configure(
     kopf_settings.scanning.disabled = True
     kopf_settings.watching.server_timeout = 300
     kopf_settings.watching.reconnect_backoff = 0.5
-    kopf_settings.queueing.batch_window = 0.01
     logging.getLogger("kopf").setLevel(logging.WARNING)
     if settings.webhook_mode == "dev":
         host = "127.0.0.1"
