@@ -78,6 +78,11 @@ class Settings(BaseModel):
         " with a NetworkPolicy. With --dev: the dev control plane's, when it publishes one.",
     )
     webhook_cert_dir: Path = Field(default=Path("/etc/cozygpu/tls"), description="tls.crt and tls.key (cluster).")
+    no_bypass_policy: bool = Field(
+        default=True,
+        description="The no-bypass policy is installed (the chart's noBypassPolicy.enabled; --dev registers it):"
+        " a GPUClass's devices take new units only once the policy is seen guarding its resource (§12.3).",
+    )
     leader_election: bool = Field(default=True, description="Decide only while holding the Lease (§10).")
     identity: str = Field(default="", description="This replica in the Lease; unset: the host (pod) name.")
     lease_name: str = Field(default="cozy-gpu-operator", min_length=1)
@@ -145,6 +150,11 @@ class Settings(BaseModel):
         min_length=1,
         description="KubeVirt's controller identity: the only creator of pods with managed GPUs (§12.2).",
     )
+
+    @property
+    def guarded(self) -> bool:
+        """Whether the operator sees the no-bypass policy to: it is installed, and there are webhooks to keep it."""
+        return self.no_bypass_policy and self.webhook_mode != "off"
 
     @field_validator("exempt_namespaces", mode="before")
     @classmethod

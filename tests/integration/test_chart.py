@@ -87,7 +87,10 @@ def test_the_no_bypass_policies_are_the_ones_the_operator_registers_itself(helm:
     labels = one(docs, "MutatingWebhookConfiguration")["metadata"]["labels"]
     assert webhooks.configurations("https://x", b"", 10, "op")[0]["metadata"]["labels"].items() <= labels.items()
     exempt = render(helm, "--set", "noBypassPolicy.exemptNamespaces={lab,ci}")
-    for rendered, namespaces in ((docs, []), (exempt, ["ci", "lab"])):
+    # The operator's own namespace is never exempt: its guard probes the policy there.
+    own = render(helm, "--set", f"noBypassPolicy.exemptNamespaces={{{NAMESPACE}}}")
+    for rendered, asked in ((docs, []), (exempt, ["ci", "lab"]), (own, [NAMESPACE])):
+        namespaces = policy.exempt_of(NAMESPACE, asked)
         bindings = {
             policy.NAME: policy.binding(NAMESPACE, namespaces),
             policy.WEBHOOKS_NAME: policy.webhooks_binding(namespaces),
@@ -96,8 +99,11 @@ def test_the_no_bypass_policies_are_the_ones_the_operator_registers_itself(helm:
             assert one(rendered, "ValidatingAdmissionPolicyBinding", name)["spec"] == built["spec"]
     [container] = one(exempt, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert {"name": "COZYGPU_EXEMPT_NAMESPACES", "value": "lab,ci"} in container["env"]
+    assert {"name": "COZYGPU_NO_BYPASS_POLICY", "value": "true"} in container["env"]
     off = render(helm, "--set", "noBypassPolicy.enabled=false")
     assert not [d for d in off if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    [container] = one(off, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert {"name": "COZYGPU_NO_BYPASS_POLICY", "value": "false"} in container["env"]
 
 
 def test_the_chart_lints(helm: Path) -> None:

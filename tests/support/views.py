@@ -42,13 +42,20 @@ def node(
     }
 
 
-def gpu_class(name: str, resource: str = A10, mode: str = "passthrough", **spec: Any) -> dict[str, Any]:
-    return {
+def gpu_class(
+    name: str, resource: str = A10, mode: str = "passthrough", *, ready: bool | None = None, **spec: Any
+) -> dict[str, Any]:
+    """`ready`: the class's Ready condition (§12.3) for its generation, True or False; None: no condition."""
+    body: dict[str, Any] = {
         "apiVersion": API_VERSION,
         "kind": "GPUClass",
-        "metadata": {"name": name, "resourceVersion": rv()},
+        "metadata": {"name": name, "resourceVersion": rv(), "generation": 1},
         "spec": {"mode": mode, "resourceName": resource, **spec},
     }
+    if ready is not None:
+        condition = {"type": "Ready", "status": "True" if ready else "False", "observedGeneration": 1}
+        body["status"] = {"conditions": [condition]}
+    return body
 
 
 def device(

@@ -1,36 +1,119 @@
-"""The no-bypass policy's parameter (§12.3) kept by its worker, against the in-memory API.
+"""The no-bypass policy's parameter (§12.3) kept by its worker, and each class's readiness, against the in-memory
+API.
 
 ManagedResources keeps one ConfigMap listing every GPUClass's resourceName: it creates it,
 follows the classes, puts it back when someone deletes it, and writes nothing that is already
-there (issue 20 item 7).
+there (issue 20 item 7). While the policy is in force, a class is Ready only once the API server refused a probe
+for its resource and no pod admitted before waits for the scheduler; the in-memory API stands in for the policy's
+refusal here (tests/integration/test_class_readiness.py has the real API server refuse it).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any, cast
 
 from cozygpu.api import kinds
 from cozygpu.kube.adapter import ApiError, AsyncKube
 from cozygpu.runtime.admission.guard import CONFIG_MAP, ManagedResources
-from cozygpu.runtime.admission.policy import MANAGED_RESOURCES, RESOURCES_KEY
+from cozygpu.api.names import CONDITION_READY
+from cozygpu.runtime.admission.policy import MANAGED_RESOURCES, NAME, PROBE_GUARDED, RESOURCES_KEY
 from cozygpu.runtime.view import View
-from cozygpu.state.cluster import Cluster
 from tests.support.memkube import MemKube
 from tests.support.views import A10, L40S, gpu_class
 from tests.support.workers import SHORT, run_until
+from tests.support.writing import writer as writer_with
 
 OPS = "cozy-gpu"
 HOUR = 3600.0  # an interval no test waits for: what happens comes from the class changes
 
 
-def _guard(*classes: dict[str, Any], interval: float = HOUR) -> tuple[ManagedResources, View, MemKube]:
-    kube, view = MemKube(), View(Cluster())
+def _guard(
+    *classes: dict[str, Any],
+    interval: float = HOUR,
+    guarded: bool = False,
+    unplaced: list[str] | None = None,
+) -> tuple[ManagedResources, View, MemKube]:
+    writer, view, kube = writer_with()
     for c in classes:
-        view.apply(kinds.GPU_CLASS, c)
-    guard = ManagedResources(view.cluster, cast(AsyncKube, kube), OPS, interval=interval)
+        view.apply(kinds.GPU_CLASS, kube.put(kinds.GPU_CLASS, c))
+
+    async def settle(resources: Collection[str]) -> list[str]:
+        settled.append(sorted(resources))
+        return list(unplaced or [])
+
+    guard = ManagedResources(
+        view.cluster, cast(AsyncKube, kube), writer, OPS, interval=interval, guarded=guarded, settle=settle
+    )
     view.subscribe(guard.changed, kinds.GPU_CLASS)
     return guard, view, kube
+
+
+settled: list[list[str]] = []
+
+
+def _refused_by_policy(resource: str) -> ApiError:
+    """What the API server answers a probe once its policy guards `resource`."""
+    return ApiError(
+        403,
+        "Forbidden",
+        f"configmaps is forbidden: ValidatingAdmissionPolicy '{NAME}' with binding '{NAME}' denied request: "
+        f"probe: {resource} {PROBE_GUARDED}",
+    )
+
+
+def _ready(view: View, name: str) -> tuple[str, str] | None:
+    cls = view.cluster.classes.get(name)
+    condition = next((c for c in cls.status.conditions if c.type == CONDITION_READY), None) if cls else None
+    return None if condition is None else (condition.status.value, condition.reason)
+
+
+def test_a_class_is_ready_only_once_a_probe_for_its_resource_is_refused() -> None:
+    """The first probe is allowed (the API server's copy lags): the class says it waits; the next is refused, and
+    the class is Ready for its generation, after the pods were settled for its resource."""
+    settled.clear()
+    guard, view, kube = _guard(gpu_class("a10"), guarded=True)
+    seen: list[tuple[str, str] | None] = []
+
+    def ready() -> bool:
+        now = _ready(view, "a10")
+        if now not in seen:
+            seen.append(now)
+            if now == ("False", "AwaitingGuard"):
+                kube.fail_next(_refused_by_policy(A10), method="create")
+        return now == ("True", "Guarded")
+
+    assert asyncio.run(run_until(guard.run, ready))
+    assert seen == [None, ("False", "AwaitingGuard"), ("True", "Guarded")]
+    assert settled == [[A10]]
+    cls = view.cluster.classes["a10"]
+    assert cls.ready() and kube.stored(CONFIG_MAP, MANAGED_RESOURCES, OPS) is not None
+
+
+def test_a_class_waits_for_pods_admitted_before_its_guard_to_be_scheduled() -> None:
+    """The probe is refused, but a pod asking for the resource was admitted before and is not on a node yet: the
+    class is not Ready, and its condition names the pod."""
+    guard, view, kube = _guard(gpu_class("a10"), guarded=True, unplaced=["lab/early"])
+    armed: list[bool] = []
+
+    def waiting() -> bool:
+        if not armed and _published(kube) is not None:  # the parameter is written: the next create is a probe
+            kube.fail_next(_refused_by_policy(A10), method="create")
+            armed.append(True)
+        return _ready(view, "a10") == ("False", "AwaitingPods")
+
+    assert asyncio.run(run_until(guard.run, waiting))
+    cls = view.cluster.classes["a10"]
+    assert not cls.ready()
+    assert "lab/early" in cls.status.conditions[-1].message
+
+
+def test_without_the_policy_no_class_is_probed_nor_marked() -> None:
+    """Policy off (noBypassPolicy.enabled false, or no webhooks): nothing waits on a guard that never comes."""
+    guard, view, kube = _guard(gpu_class("a10"), guarded=False)
+    assert not asyncio.run(run_until(guard.run, lambda: _ready(view, "a10") is not None, within=SHORT))
+    assert kube.count("create") == 1  # the parameter only
 
 
 def _published(kube: MemKube) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cozygpu.api import hooks
+from cozygpu.api.names import LABEL_GUARD_PROBE
 from cozygpu.runtime.admission import policy, webhooks
 
 
@@ -26,11 +27,15 @@ def test_each_hook_is_registered_once_at_its_path_for_its_kind_and_operations() 
 
 def test_the_no_bypass_policy_guards_what_the_vmi_and_pod_hooks_admit() -> None:
     """§12.3: the policy matches exactly the VMI and pod creates the mutating hooks see, by the same rules, and pod
-    updates, which no hook sees (a GPU-holding pod's guest may not be relabelled away, issue 34 item 1)."""
-    rules = policy.policy("system:serviceaccount:kubevirt:kubevirt-controller")["spec"]["matchConstraints"]
-    assert rules["resourceRules"] == [
+    updates, which no hook sees (a GPU-holding pod's guest may not be relabelled away, issue 34 item 1), and the
+    guard's probes, ConfigMaps with its label only."""
+    spec = policy.policy("system:serviceaccount:kubevirt:kubevirt-controller")["spec"]
+    assert spec["matchConstraints"]["resourceRules"] == [
         hooks.VMI.rule(),
         hooks.POD.rule(),
         {**hooks.POD.rule(), "operations": ["UPDATE"]},
+        policy.CONFIGMAPS_CREATE,
     ]
+    [probes_only] = spec["matchConditions"]
+    assert LABEL_GUARD_PROBE in probes_only["expression"]
     assert [h.kind.plural for h in hooks.HOOKS if h.mutating] == ["virtualmachineinstances", "pods"]

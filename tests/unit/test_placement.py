@@ -30,6 +30,31 @@ def test_two_devices_go_to_one_node_that_fits_both() -> None:
     assert place(c, devices_of(c, "a", "b")) == Placement("n2", ("a", "b"))
 
 
+def test_with_the_policy_in_force_a_class_not_ready_gives_no_device_new_units() -> None:
+    """§12.3: until the no-bypass policy is seen guarding its resource, a class's new devices wait, saying why;
+    a VM start of a device that holds its units already is not held back; without the policy nothing waits."""
+    c = cluster(
+        nodes=[node("n1", {A10: 4})],
+        classes=[gpu_class("a10", ready=False)],
+        devices=[device("new"), device("held", phase="Bound", node_name="n1")],
+    )
+    waits = place(c, devices_of(c, "new"), guarded=True)
+    assert isinstance(waits, NoPlacement) and not waits.full
+    assert "GPUClass a10 is not ready yet" in waits.message and A10 in waits.message
+    assert place(c, devices_of(c, "held"), guarded=True) == Placement("n1", ())
+    assert place(c, devices_of(c, "new"), guarded=False) == Placement("n1", ("new",))
+    ready = cluster(nodes=[node("n1", {A10: 4})], classes=[gpu_class("a10", ready=True)], devices=[device("new")])
+    assert place(ready, devices_of(ready, "new"), guarded=True) == Placement("n1", ("new",))
+
+
+def test_a_ready_condition_of_an_older_generation_does_not_count() -> None:
+    """§12.3: a class whose spec changed (its resource, say) is ready again only once the guard has seen it so."""
+    body = gpu_class("a10", ready=True)
+    body["metadata"]["generation"] = 2
+    c = cluster(nodes=[node("n1", {A10: 4})], classes=[body], devices=[device("new")])
+    assert isinstance(place(c, devices_of(c, "new"), guarded=True), NoPlacement)
+
+
 def test_devices_already_bound_on_a_node_count_as_there() -> None:
     """§5.2: a Bound member holds its units on its node; only the others need free units."""
     c = cluster(

@@ -121,3 +121,19 @@ def test_where_budgets_are_required_a_namespace_without_one_gets_no_new_units() 
     View(c).apply(kinds.GPU_BUDGET, budget("cap", "t1", total=4))
     covered = assess(c, "r1", NOW, LATE, budgets_required=True)
     assert isinstance(covered, Answer) and isinstance(covered.outcome, Placement)
+
+
+def test_a_request_for_a_class_not_ready_waits_then_is_refused_after_the_bind_timeout() -> None:
+    """§12.3: with the policy in force, a VM's set that would give a class moments old new units waits for the
+    class to be ready, and is refused with the reason once the bind timeout passed; without it, it is placed."""
+    status = request("r1", "vm", ["a"], EPOCH)
+    c = cluster(
+        nodes=[node("n1", {A10: 2})], classes=[gpu_class("a10", ready=False)], devices=[device("a", status=status)]
+    )
+    waiting = assess(c, "r1", NOW, LATE, guarded=True)
+    assert isinstance(waiting, Wait) and "GPUClass a10 is not ready yet" in waiting.why
+    late = assess(c, "r1", EPOCH + dt.timedelta(seconds=11), LATE, guarded=True)
+    assert isinstance(late, Answer) and isinstance(late.outcome, NoPlacement)
+    assert "GPUClass a10 is not ready yet" in late.outcome.message
+    placed = assess(c, "r1", NOW, LATE)
+    assert isinstance(placed, Answer) and placed.outcome == Placement("n1", ("a",))

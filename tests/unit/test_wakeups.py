@@ -77,6 +77,19 @@ def test_units_freed_on_a_node_wake_the_binder_with_the_class_as_hint() -> None:
     assert binder._wake.is_set()
 
 
+def test_a_class_turning_ready_wakes_the_binder_for_its_waiting_devices() -> None:
+    """§12.3: a status write that makes a class ready is no spec change, yet its waiting devices are decided
+    again; a status write that leaves readiness as it was wakes nothing."""
+    c = cluster(classes=[gpu_class("a10", A10, ready=False)], nodes=[node("n1", {A10: 2})])
+    binder, view = _binder(c)
+    binder._wake.clear()
+    change = view.apply(kinds.GPU_CLASS, gpu_class("a10", A10, ready=False))
+    assert not change.served and not binder._wake.is_set()
+    change = view.apply(kinds.GPU_CLASS, gpu_class("a10", A10, ready=True))
+    assert change.served == {"a10"}
+    assert binder._wake.is_set()
+
+
 def test_a_waiter_leaves_no_trace_once_its_admission_is_answered() -> None:
     """The waiting room is per admission: once it ends, a change of its device finds nobody to wake."""
     waiters = Waiters()

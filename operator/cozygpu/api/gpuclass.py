@@ -10,11 +10,13 @@ from cozygpu.api.meta import (
     AGE,
     CONDITIONS_SCHEMA,
     Condition,
+    ConditionStatus,
     CRDInfo,
     Model,
     PrinterColumn,
     Resource,
 )
+from cozygpu.api.names import CONDITION_READY
 from cozygpu.api.selectors import LabelSelector, Toleration
 
 # A device-plugin resource name: an optional DNS prefix, a slash, a name.
@@ -88,12 +90,23 @@ class GPUClass(Resource):
             PrinterColumn("Resource", ".spec.resourceName"),
             PrinterColumn("MaxCount", ".spec.maxCount", "integer"),
             PrinterColumn("Free", ".status.free", "integer"),
+            PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status'),
             AGE,
         ),
     )
 
     spec: GPUClassSpec
     status: GPUClassStatus = Field(default_factory=GPUClassStatus)
+
+    def ready(self) -> bool:
+        """§12.3: whether devices of the class may take new units: the operator saw the no-bypass policy refuse
+        plain pods asking for its resource, for the spec as it is now (the condition's generation)."""
+        ready = next((c for c in self.status.conditions if c.type == CONDITION_READY), None)
+        return (
+            ready is not None
+            and ready.status is ConditionStatus.TRUE
+            and ready.observed_generation == self.metadata.generation
+        )
 
     def effective_max_count(self) -> int | None:
         """§1.1: maxCount when set; 1 for vgpu without it; None (no limit) for passthrough."""

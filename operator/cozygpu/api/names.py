@@ -36,7 +36,10 @@ LABEL_WEBHOOKS = f"{GROUP}/webhooks"
 
 # On GPUDevices (§1.2).
 LABEL_TEMPLATE_DEVICE = f"{GROUP}/template-device"
-# A namespace carrying this label is not guarded by §12 (documented; no namespace has it by default).
+
+# On the dry-run ConfigMaps the operator probes the no-bypass policy with: the policy refuses one naming a managed
+# resource, which shows the API server guards that resource (§12.3).
+LABEL_GUARD_PROBE = f"{GROUP}/guard-probe"
 
 # On GPUDevices attached to a live VMI and on GPUClasses still named by a device (§6.5).
 FINALIZER_IN_USE = f"{GROUP}/in-use-protection"
@@ -48,6 +51,9 @@ CONDITION_OVER_BUDGET = "OverBudget"
 CONDITION_PLACED = "Placed"
 # §6.6: a template device kept Bound for its VirtualMachine's next VMI; since when, in its lastTransitionTime.
 CONDITION_KEPT = "KeptForRestart"
+# §12.3: on a GPUClass, True once the no-bypass policy is seen guarding its resource; its devices take new units only
+# then, so no plain pod admitted while the API server's copy of the policy's parameter lags shares them.
+CONDITION_READY = "Ready"
 
 GPU_ENTRY_PREFIX = "gpudev"
 

@@ -100,17 +100,34 @@ def _headline(devices: Sequence[GPUDevice], classes: dict[str, GPUClass]) -> str
     return "no node can take the whole set on its own: " + " and ".join(parts)
 
 
-def classes_of(cluster: Cluster, devices: Sequence[GPUDevice]) -> dict[str, GPUClass] | NoPlacement:
+def not_ready(cluster: Cluster, devices: Sequence[GPUDevice]) -> NoPlacement | None:
+    """§12.3, while the no-bypass policy is in force: a device that would take new units waits while its class is
+    not ready (`GPUClass.ready`), moments after the class is created. Devices holding units already (a VM start, a
+    move) do not."""
+    for d in devices:
+        cls = cluster.classes.get(d.spec.class_name)
+        if cls is not None and not d.holds_gpus and not cls.ready():
+            return NoPlacement(
+                f"GPUClass {cls.name} is not ready yet: its devices take units once the API server is seen "
+                f"refusing plain pods that ask for {cls.spec.resource_name}, moments after the class is created"
+            )
+    return None
+
+
+def classes_of(
+    cluster: Cluster, devices: Sequence[GPUDevice], *, guarded: bool = False
+) -> dict[str, GPUClass] | NoPlacement:
+    """The set's classes, or why it cannot be placed now: a class missing, or with `guarded`, `not_ready`."""
     classes: dict[str, GPUClass] = {}
     for d in devices:
         cls = cluster.classes.get(d.spec.class_name)
         if cls is None:
             return NoPlacement(f"GPUDevice {d.name}: GPUClass {d.spec.class_name} does not exist")
         classes[cls.name] = cls
-    return classes
+    return (not_ready(cluster, devices) if guarded else None) or classes
 
 
-def place(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlacement:
+def place(cluster: Cluster, devices: Sequence[GPUDevice], *, guarded: bool = False) -> Placement | NoPlacement:
     """§5.2-5.3: the node needing the fewest moves, then the fullest after placing, then by name.
 
     A set of new devices of one resource (every waiting device, most admissions) needs the same moves
@@ -120,8 +137,8 @@ def place(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement | NoPlace
     start with a held device) needs fewer moves only where its members are: those few nodes are judged
     one by one, and past them the order is the same (`_gather`). What the indexes cannot order looks
     at every node that has the resources (`place_scanning`): sets of several resources, and the
-    reasons why a set of several classes fits nowhere."""
-    classes = classes_of(cluster, devices)
+    reasons why a set of several classes fits nowhere. `guarded`: as `classes_of`."""
+    classes = classes_of(cluster, devices, guarded=guarded)
     if isinstance(classes, NoPlacement):
         return classes
     if len({c.spec.resource_name for c in classes.values()}) != 1:

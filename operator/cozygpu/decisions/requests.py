@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cozygpu.api import BindRequest, GPUDevice
 from cozygpu.decisions.budgets import Order, check_orders, counts
-from cozygpu.decisions.placement import NoPlacement, Placement, place
+from cozygpu.decisions.placement import NoPlacement, Placement, not_ready, place
 from cozygpu.state.cluster import Cluster
 
 
@@ -51,10 +51,12 @@ def assess(
     prior: Sequence[Order] = (),
     *,
     budgets_required: bool = False,
+    guarded: bool = False,
 ) -> Assessment:
     """None when there is nothing to answer (answered already, or gone).
 
-    `prior` are orders admitted elsewhere that the view has not seen yet (§7.4)."""
+    `prior` are orders admitted elsewhere that the view has not seen yet (§7.4); with `guarded`, a set that would
+    give a class not ready new units waits (§12.3, `placement.not_ready`)."""
     carriers = cluster.devices_of_request(request_id)
     if not carriers or all(d.open_request is None for d in carriers):
         return None
@@ -89,12 +91,17 @@ def assess(
         if attached is None or attached.vmi != request.vmi:
             return fail(f"GPUDevice {d.name} is not attached to VMI {request.vmi}")
 
+    if guarded and (unready := not_ready(cluster, devices)) is not None:
+        # §12.3: a class moments old; answered once it is ready, or refused after the same bound as a slow write.
+        if now - request.requested_at <= incomplete_after:
+            return Wait(unready.message)
+        return Answer(request, namespace, devices, unready)
     # §5.4: new devices are orders; check them again now, serialised with every other decision.
     orders = list(new_orders(namespace, devices).values())
     refusal = check_orders(cluster, orders, prior, required=budgets_required)
     if refusal is not None:
         return Answer(request, namespace, devices, NoPlacement(refusal))
-    return Answer(request, namespace, devices, place(cluster, devices))
+    return Answer(request, namespace, devices, place(cluster, devices, guarded=guarded))
 
 
 def new_orders(namespace: str, devices: Sequence[GPUDevice]) -> dict[str, Order]:

@@ -214,6 +214,11 @@ class Capacity:
                 self._reorder(node, resource)
 
     @writes
+    def readied(self, class_name: str) -> None:
+        """A class became ready, or stopped being (§12.3): its waiting devices are decided again."""
+        self._served.add(class_name)
+
+    @writes
     def reserve(self) -> None:
         """A class changed: which node serves what is judged anew everywhere; every class may read anew."""
         every = self.serving._rebuild(self.nodes.items.values(), self._classes, self.free_units)

@@ -316,7 +316,9 @@ class Cluster:
         old = self._classes.put(cls.name, cls, cls.metadata.resource_version)
         self._changed = True
         if old is not None and old.spec == cls.spec:
-            return  # a re-delivered event or a metadata edit: nothing a decision reads
+            if old.ready() != cls.ready():
+                self._capacity.readied(cls.name)
+            return  # a re-delivered event, a metadata or status edit: nothing else a decision reads
         counted = ("resource_name", "idle_moves")  # what a Bound device of the class is counted by
         if old is None or any(getattr(old.spec, f) != getattr(cls.spec, f) for f in counted):
             self._recount_class(cls.name)

@@ -1,63 +1,197 @@
-"""The no-bypass policy's parameter (§12.3): the managed GPU resources, published for the API server.
+"""The no-bypass policy's parameter and each GPUClass's readiness (§12.3): the managed GPU resources, published
+for the API server, and seen enforced before a class's devices take new units.
 
 The ValidatingAdmissionPolicy (runtime.admission.policy) reads which resources are managed from one
 ConfigMap in the operator's namespace, which this worker keeps equal to the resourceNames
 of the view's GPUClasses: written when a class changes (`changed`), and made sure of every
 interval, since anyone with rights in that namespace could delete it (the policy then guards
 nothing until it is back: a missing parameter must never refuse every pod in the cluster).
-Started by the Operator with the other workers.
+
+The API server enforces a resource added to the parameter once its own copy has caught up, typically within a
+second; a plain pod asking for the resource meanwhile is admitted, and the scheduler may give it units the binder
+also counts as free. So while the policy is in force (`guarded`), a class is Ready (`GPUClass.ready`, which the
+binder asks before it gives a device new units) only once
+- the API server refuses a probe for its resource: a dry-run ConfigMap the policy refuses exactly while the
+  parameter it holds names the resource (`policy.probe`);
+- the pods admitted before are known: every pod on a node read into the view, and none asking for the resource
+  still waits for the scheduler (`settle`, runtime.watching.podwatch).
+Until then the class shows Ready=False, saying what it waits for. Started by the Operator on the Lease holder.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 import structlog
 
-from cozygpu.api import kinds
+from cozygpu.api import Condition, ConditionStatus, GPUClass, kinds
+from cozygpu.api.meta import now as utcnow
+from cozygpu.api.names import CONDITION_READY
 from cozygpu.kube.adapter import ApiError, AsyncKube
 from cozygpu.runtime.admission import policy
+from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Change, Cluster
 
 log = structlog.get_logger("cozygpu.guard")
 
 CONFIG_MAP = kinds.kind("ConfigMap")
+# While a class waits, the probe is made again after this long, doubling to PROBE_MOST.
+PROBE_FIRST = 0.2
+PROBE_MOST = 5.0
+# At most this many of the pods a class waits for are named in its condition.
+NAMED = 5
+
+Settle = Callable[[Collection[str]], Awaitable[list[str]]]
 
 
 class ManagedResources:
-    def __init__(self, cluster: Cluster, kube: AsyncKube, namespace: str, *, interval: float) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        kube: AsyncKube,
+        writer: Writer,
+        namespace: str,
+        *,
+        interval: float,
+        guarded: bool,
+        settle: Settle,
+    ) -> None:
         self._cluster = cluster
         self._kube = kube
+        self._writer = writer
         self._namespace = namespace
         self._interval = interval
+        self._guarded = guarded
+        self._settle = settle
         self._wake = asyncio.Event()
         self._written: dict[str, Any] | None = None
+        # Resources the API server was seen guarding, their earlier pods settled, since they were last published.
+        self._seen: set[str] = set()
+        self._refusing: set[str] = set()  # seen refused, their earlier pods not all scheduled yet
 
     def changed(self, change: Change) -> None:
-        """A class came, went or changed its resource: the list may differ now."""
+        """A class came, went or changed: the list may differ now, and the class may wait to be ready."""
         self._wake.set()
 
     def wanted(self) -> dict[str, Any]:
         return policy.parameter(self._namespace, (c.spec.resource_name for c in self._cluster.classes.values()))
 
     async def run(self) -> None:
+        pause = PROBE_FIRST
         while True:
             self._wake.clear()
-            wanted = self.wanted()
-            if wanted != self._written:
-                try:
-                    await self._kube.put_object(CONFIG_MAP, wanted)
-                    self._written = wanted
-                    log.info("guard.published", namespace=self._namespace, resources=wanted["data"])
-                except ApiError as e:
-                    log.warning("guard.write_failed", namespace=self._namespace, error=e.message)
+            await self._publish()
+            waiting = self._guarded and await self._ready_classes()
             with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel
-                async with asyncio.timeout(self._interval):
+                async with asyncio.timeout(pause if waiting else self._interval):
                     await self._wake.wait()
                 continue
+            if waiting:
+                pause = min(PROBE_MOST, pause * 2)
+                continue
+            pause = PROBE_FIRST
             self._written = await self._current()  # the interval passed: look at what the API server has
+
+    async def _publish(self) -> None:
+        wanted = self.wanted()
+        if wanted == self._written:
+            return
+        try:
+            await self._kube.put_object(CONFIG_MAP, wanted)
+        except ApiError as e:
+            log.warning("guard.write_failed", namespace=self._namespace, error=e.message)
+            return
+        self._written = wanted
+        self._seen &= _resources(wanted)
+        self._refusing &= _resources(wanted)
+        log.info("guard.published", namespace=self._namespace, resources=wanted["data"])
+
+    async def _ready_classes(self) -> bool:
+        """Probe for the resources of classes not ready, and mark each class; True while some class still waits."""
+        unready = sorted((c for c in self._cluster.classes.values() if not c.ready()), key=lambda c: c.name)
+        if not unready:
+            return False
+        published = _resources(self._written) if self._written is not None else set()
+        new = {c.spec.resource_name for c in unready} & published - self._seen
+        self._refusing |= {r for r in sorted(new - self._refusing) if await self._probe(r)}
+        unplaced: list[str] = []
+        if pending := new & self._refusing:
+            unplaced = await self._settle(pending)
+            if unplaced:
+                log.info(
+                    "guard.waiting_for_pods", resources=sorted(pending), pods=unplaced[:NAMED], count=len(unplaced)
+                )
+            else:
+                self._seen |= pending
+                self._refusing -= pending
+                log.info("guard.enforced", resources=sorted(pending))
+        for cls in unready:
+            await self._mark(cls, unplaced)
+        return any(c.spec.resource_name not in self._seen for c in unready)
+
+    async def _probe(self, resource: str) -> bool:
+        """Whether the API server refuses the probe for `resource`, as the policy does once it guards it."""
+        try:
+            await self._kube.create(CONFIG_MAP, policy.probe(self._namespace, resource), dry_run=True)
+        except ApiError as e:
+            if policy.NAME in e.message and policy.PROBE_GUARDED in e.message:
+                return True
+            log.warning("guard.probe_failed", namespace=self._namespace, resource=resource, error=e.message)
+        return False
+
+    async def _mark(self, cls: GPUClass, unplaced: list[str]) -> None:
+        """The class's Ready condition for its spec as it is, written if it differs."""
+        resource = cls.spec.resource_name
+        if resource in self._seen:
+            status, reason = ConditionStatus.TRUE, "Guarded"
+            message = f"the no-bypass policy refuses pods that ask for {resource} behind the operator's back"
+        elif resource in self._refusing:
+            status, reason = ConditionStatus.FALSE, "AwaitingPods"
+            more = f" and {len(unplaced) - NAMED} more" if len(unplaced) > NAMED else ""
+            message = (
+                f"the no-bypass policy guards {resource} now; pods that asked for it before wait for the scheduler: "
+                + ", ".join(unplaced[:NAMED])
+                + more
+            )
+        else:
+            status, reason = ConditionStatus.FALSE, "AwaitingGuard"
+            message = (
+                f"devices of the class take units once the API server is seen refusing pods that ask for {resource}"
+            )
+        before = next((c for c in cls.status.conditions if c.type == CONDITION_READY), None)
+        if before is not None and (before.status, before.reason, before.message, before.observed_generation) == (
+            status,
+            reason,
+            message,
+            cls.metadata.generation,
+        ):
+            return
+        condition = Condition(
+            type=CONDITION_READY,
+            status=status,
+            reason=reason,
+            message=message,
+            last_transition_time=before.last_transition_time if before and before.status == status else utcnow(),
+            observed_generation=cls.metadata.generation,
+        )
+        conditions = [c for c in cls.status.conditions if c.type != CONDITION_READY] + [condition]
+        body = cls.model_copy(update={"status": cls.status.model_copy(update={"conditions": conditions})}).wire()
+        try:
+            outcome = await self._writer.replace_status(kinds.GPU_CLASS, body)
+        except ApiError as e:
+            log.warning("guard.status_write_failed", gpuclass=cls.name, error=e.message)
+            return
+        if outcome.written:
+            log.info(
+                "gpuclass.ready" if status is ConditionStatus.TRUE else "gpuclass.waiting",
+                gpuclass=cls.name,
+                reason=reason,
+            )
+        else:
+            self._wake.set()  # someone wrote first: decided again on what the view has now
 
     async def _current(self) -> dict[str, Any] | None:
         try:
@@ -68,3 +202,8 @@ class ManagedResources:
         if body is None:
             return None
         return policy.parameter(self._namespace, []) | {"data": body.get("data") or {}}
+
+
+def _resources(parameter: dict[str, Any]) -> set[str]:
+    text = (parameter.get("data") or {}).get(policy.RESOURCES_KEY) or ""
+    return set(text.split(",")) - {""}

@@ -40,6 +40,7 @@ from cozygpu.api.names import (
     ANNOTATION_ADMITTED,
     ANNOTATION_DEVICES,
     LABEL_DEVICE_REFERENCE,
+    LABEL_GUARD_PROBE,
     LABEL_WEBHOOKS,
     LAUNCHER,
     TRUE,
@@ -49,6 +50,11 @@ NAME = "cozy-gpu-operator-no-bypass"
 # The parameter: a ConfigMap in the operator's namespace that it keeps (runtime.admission.guard).
 MANAGED_RESOURCES = "cozy-gpu-managed-resources"
 RESOURCES_KEY = "resources"
+# The probe (`probe`): a ConfigMap the operator creates as a dry run, naming one resource; the policy refuses it
+# while that resource is in the parameter the API server holds, with a message carrying PROBE_GUARDED.
+PROBE_KEY = "resource"
+PROBE_GUARDED = "is guarded by the no-bypass policy"
+CONFIGMAPS_CREATE = {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"], "operations": ["CREATE"]}
 
 _ASKS = (
     "(has({c}.resources) && ((has({c}.resources.requests) && r in {c}.resources.requests) || "
@@ -88,6 +94,20 @@ def parameter(namespace: str, resources: Iterable[str]) -> dict[str, Any]:
     }
 
 
+def probe(namespace: str, resource: str) -> dict[str, Any]:
+    """What the guard creates as a dry run to see whether the API server guards `resource` (§12.3)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "generateName": "cozy-gpu-guard-probe-",
+            "namespace": namespace,
+            "labels": {LABEL_GUARD_PROBE: TRUE},
+        },
+        "data": {PROBE_KEY: resource},
+    }
+
+
 def policy(controller_user: str) -> dict[str, Any]:
     """The policy; `controller_user` is KubeVirt's controller identity, the only creator of launcher pods."""
     domain = "object.spec.domain"
@@ -116,10 +136,22 @@ def policy(controller_user: str) -> dict[str, Any]:
             # A core kind, not GPUClass: see `parameter` and the module's docstring.
             "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
             "matchConstraints": {
-                # What the VMI and pod webhooks admit (api.hooks): the policy guards what they would miss; and
-                # pod updates, which no webhook of ours sees.
-                "resourceRules": [hooks.VMI.rule(), hooks.POD.rule(), {**hooks.POD.rule(), "operations": ["UPDATE"]}],
+                # What the VMI and pod webhooks admit (api.hooks): the policy guards what they would miss; pod
+                # updates, which no webhook of ours sees; and the guard's probes (ConfigMaps with its label only).
+                "resourceRules": [
+                    hooks.VMI.rule(),
+                    hooks.POD.rule(),
+                    {**hooks.POD.rule(), "operations": ["UPDATE"]},
+                    CONFIGMAPS_CREATE,
+                ],
             },
+            "matchConditions": [
+                {
+                    "name": "configmaps-are-probes",
+                    "expression": "request.resource.resource != 'configmaps' || (has(object.metadata.labels) && "
+                    f"object.metadata.labels[?{json.dumps(LABEL_GUARD_PROBE)}].orValue('') == 'true')",
+                }
+            ],
             "variables": [
                 {
                     "name": "managed",
@@ -127,6 +159,7 @@ def policy(controller_user: str) -> dict[str, Any]:
                     f"params.data.{RESOURCES_KEY} != '' ? params.data.{RESOURCES_KEY}.split(',') : []",
                 },
                 {"name": "isVMI", "expression": f"request.resource.resource == '{hooks.VMI.kind.plural}'"},
+                {"name": "isPod", "expression": f"request.resource.resource == '{hooks.POD.kind.plural}'"},
                 # The managed resources the object asks for; each evaluated only for its own kind.
                 {"name": "vmiAsks", "expression": f"variables.managed.filter(r, {vmi_asks})"},
                 {"name": "podAsks", "expression": f"variables.managed.filter(r, {pod_asks})"},
@@ -154,7 +187,7 @@ def policy(controller_user: str) -> dict[str, Any]:
                 },
                 {
                     # §12.2, §12.3: only KubeVirt's launcher pods, which the pod webhook then pins.
-                    "expression": f"variables.isVMI || request.operation != 'CREATE' || size(variables.podAsks) == 0 "
+                    "expression": f"!variables.isPod || request.operation != 'CREATE' || size(variables.podAsks) == 0 "
                     f"|| ({launcher})",
                     "messageExpression": "'Pod ' + object.metadata.name + ' asks for ' + variables.podAsks[0] + "
                     "', a GPU resource the GPU operator hands out: only KubeVirt launcher pods of VMs that "
@@ -164,11 +197,19 @@ def policy(controller_user: str) -> dict[str, Any]:
                 {
                     # §6.7: the operator and KubeVirt tell a launcher's guest by these; a tenant changing them would
                     # hide a running guest and have its units given to another while it runs (issue 34 item 1).
-                    "expression": "variables.isVMI || request.operation != 'UPDATE' || size(variables.podAsks) == 0 "
+                    "expression": "!variables.isPod || request.operation != 'UPDATE' || size(variables.podAsks) == 0 "
                     f"|| {_same_guest('oldObject', 'object')}",
                     "messageExpression": "'Pod ' + object.metadata.name + ' holds ' + variables.podAsks[0] + "
                     "', a GPU resource the GPU operator hands out: its kubevirt.io label and its controller "
                     "reference tell whose guest it runs, and cannot change while it holds it'",
+                    "reason": "Forbidden",
+                },
+                {
+                    # The guard's probe: refused exactly while the parameter the API server holds names its
+                    # resource, so a refusal shows the guard above is in force for it (runtime.admission.guard).
+                    "expression": "variables.isVMI || variables.isPod || "
+                    f"!(object.data[?'{PROBE_KEY}'].orValue('') in variables.managed)",
+                    "messageExpression": f"'probe: ' + object.data['{PROBE_KEY}'] + ' {PROBE_GUARDED}'",
                     "reason": "Forbidden",
                 },
             ],
@@ -261,9 +302,16 @@ def exempting(namespaces: Sequence[str]) -> dict[str, Any]:
     return {"namespaceSelector": {"matchExpressions": [expression]}}
 
 
+def exempt_of(namespace: str, exempt: Sequence[str]) -> list[str]:
+    """The namespaces the bindings exempt: never the operator's own, where the guard's probes are made (the chart's
+    template drops it the same way; a test holds the two equal)."""
+    return sorted(set(exempt) - {namespace})
+
+
 def binding(namespace: str, exempt: Sequence[str] = ()) -> dict[str, Any]:
     """The parameter in the operator's `namespace`; until the operator has written it there is nothing to guard
-    (parameterNotFoundAction Allow: a missing parameter must never refuse every pod in the cluster)."""
+    (parameterNotFoundAction Allow: a missing parameter must never refuse every pod in the cluster). `exempt`
+    as `exempt_of` gives it."""
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",

@@ -62,7 +62,7 @@ class Registration:
             kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
             await self._kube.put_object(kind, config)
         try:
-            exempt = self._settings.exempt_namespaces
+            exempt = policy.exempt_of(self._namespace, self._settings.exempt_namespaces)
             # The configurations are in place: the second policy, bound to the mutating one, refuses nothing here.
             for built, bound in (
                 (policy.policy(self._settings.kubevirt_controller_user), policy.binding(self._namespace, exempt)),

@@ -94,6 +94,7 @@ class Operator:
             concurrency=connections,
             reserved=self.reservations.orders,
             budgets_required=settings.budgets_required,
+            guarded=settings.guarded,
             events=self.events,
             metrics=self.metrics,
             ledger=self.ledger,
@@ -149,7 +150,15 @@ class Operator:
             watch_timeout=settings.watch_timeout,
         )
         self.registration = Registration(settings, self.kube, self.namespace)
-        self.guard = ManagedResources(self.cluster, self.kube, self.namespace, interval=settings.sweep_interval)
+        self.guard = ManagedResources(
+            self.cluster,
+            self.kube,
+            self.writer,
+            self.namespace,
+            interval=settings.sweep_interval,
+            guarded=settings.guarded,
+            settle=self.pods.settle,
+        )
         # A task that really died ends the process: the kubelet starts a whole one again (§10).
         self.supervisor = Supervisor(on_death=self._end)
         self._ending = False

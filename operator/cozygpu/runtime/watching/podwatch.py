@@ -25,6 +25,7 @@ before it reports ready, `run` as a task.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any
 
 import structlog
@@ -34,7 +35,7 @@ from cozygpu.api.names import LABEL_KUBEVIRT
 from cozygpu.api.pods import EXTENDED, asked
 from cozygpu.kube.adapter import AsyncKube
 from cozygpu.runtime.view import View
-from cozygpu.runtime.watching.informer import Informer
+from cozygpu.runtime.watching.informer import PAGE, Informer
 from cozygpu.runtime.writes import Writer
 
 log = structlog.get_logger("cozygpu.pods")
@@ -42,6 +43,7 @@ log = structlog.get_logger("cozygpu.pods")
 LAUNCHERS = LABEL_KUBEVIRT  # the key alone, as KubeVirt's own pod informer selects: a tenant may change the value
 # Pods that can hold units: placed on a node and not ended. One that leaves the selection arrives as DELETED.
 HOLDING = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+UNPLACED = "spec.nodeName=,status.phase=Pending"  # admitted, not yet scheduled
 
 
 def _asks(body: dict[str, Any]) -> bool:
@@ -97,6 +99,24 @@ class PodWatch:
         async with asyncio.TaskGroup() as group:
             for part in (self._launchers.run(), self._scan_every(), self._recheck_every()):
                 group.create_task(part)
+
+    async def settle(self, resources: Collection[str]) -> list[str]:
+        """§12.3, for the guard once the no-bypass policy is seen guarding `resources`: every pod on a node read into
+        the view now (one scan, not waiting for the next), and the pods not yet on a node that ask for any of them,
+        as namespace/name. Those were admitted before the guard; until the scheduler has placed them, which units
+        they will take is unknown, so the guard waits for them."""
+        await self._scan()
+        unplaced: list[str] = []
+        after, wanted = "", set(resources)
+        while True:
+            items, _, after = await self._kube.list_page(kinds.POD, PAGE, after, field_selector=UNPLACED)
+            unplaced += [
+                f"{item['metadata'].get('namespace')}/{item['metadata'].get('name')}"
+                for item in items
+                if asked(item, wanted, lenient=True)
+            ]
+            if not after:
+                return unplaced
 
     async def _scan(self) -> None:
         forgotten, _ = await self._everything.list(resume=False)

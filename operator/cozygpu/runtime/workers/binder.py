@@ -54,6 +54,7 @@ class Binder:
         clock: Callable[[], dt.datetime] = utcnow,
         reserved: Callable[[], Sequence[Order]] = tuple,
         budgets_required: bool = False,
+        guarded: bool = False,
         events: Recorder | None = None,
         metrics: Metrics | None = None,
         ledger: Ledger | None = None,
@@ -61,13 +62,15 @@ class Binder:
         idle_after: float = 0.0,
     ) -> None:
         """`ledger`: where the binds that add use under a budget are confirmed across replicas (None: one replica);
-        `idle_moves`, `idle_after`: how many idle devices one placement may move, idle how long (§5.7; 0: never)."""
+        `idle_moves`, `idle_after`: how many idle devices one placement may move, idle how long (§5.7; 0: never);
+        `guarded`: the no-bypass policy is in force, so new units go only to devices of ready classes (§12.3)."""
         self._cluster = cluster
         self._writer = writer
         self._incomplete_after = dt.timedelta(seconds=incomplete_after)
         self._clock = clock
         self._reserved = reserved
         self._budgets_required = budgets_required
+        self._guarded = guarded
         self._events = events
         self._metrics = metrics
         self._wake = asyncio.Event()
@@ -220,6 +223,7 @@ class Binder:
             self._incomplete_after,
             self._reserved(),
             budgets_required=self._budgets_required,
+            guarded=self._guarded,
         )
 
     def _requested_at(self, request_id: str) -> dt.datetime:
@@ -367,7 +371,7 @@ class Binder:
             self._in_flight.release()
             self._room.add(current.spec.class_name)
             return False
-        outcome = place(self._cluster, [current])
+        outcome = place(self._cluster, [current], guarded=self._guarded)
         if self.mover.make_room([current], outcome, asked=False):
             self._in_flight.release()  # §5.7: decided again once the moves made for it are written
             return True
