@@ -15,9 +15,9 @@ from collections.abc import Collection
 from typing import Any, cast
 
 from cozygpu.api import kinds
+from cozygpu.api.names import CONDITION_READY
 from cozygpu.kube.adapter import ApiError, AsyncKube
 from cozygpu.runtime.admission.guard import CONFIG_MAP, ManagedResources
-from cozygpu.api.names import CONDITION_READY
 from cozygpu.runtime.admission.policy import MANAGED_RESOURCES, NAME, PROBE_GUARDED, RESOURCES_KEY
 from cozygpu.runtime.view import View
 from tests.support.memkube import MemKube
