@@ -170,6 +170,22 @@ async def test_a_peer_holding_every_handshake_slot_delays_anothers_by_one_turn(s
     assert events == ["apiserver served", "mallory's third given up"]
 
 
+async def test_a_known_peer_is_not_kept_waiting_by_stalled_handshakes(serve: Serve) -> None:
+    """The API server, known once a handshake of its succeeded, takes the slot kept for known peers: another peer's
+    stalled key exchanges hold every other slot, and never delay it."""
+    port = await serve(handshakes=2, handshake_within=HANG)
+    _, first = await port.tls(APISERVER)
+    first.close()
+    stalled = [await port.raw(MALLORY) for _ in range(4)]
+    await asyncio.sleep(0.05)  # all have arrived: one holds a slot, three queue
+    async with asyncio.timeout(HANG / 2):
+        _, again = await port.tls(APISERVER)
+    again.close()
+    assert port.door.peers().get(MALLORY) == 4  # none given up: the API server did not wait for them
+    for _, writer in stalled:
+        writer.close()
+
+
 async def test_a_peer_whose_handshake_failed_waits_before_its_next(
     serve: Serve, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,16 +205,17 @@ async def test_a_peer_whose_handshake_failed_waits_before_its_next(
 
 
 async def test_a_handshake_that_succeeds_forgets_the_peers_failures(serve: Serve) -> None:
-    """A peer that failed once (a certificate rotating) is served after its short backoff and then remembered
-    no more."""
+    """A peer that failed once (a certificate rotating) is served after its short backoff, and is then known, its
+    failures forgotten."""
     port = await serve(client_ca=True)
     await _fail_handshake(port, MALLORY)
     await _failed(port, MALLORY, 1)
     _, writer = await port.tls(MALLORY)
     writer.close()
-    async with asyncio.timeout(HANG):
-        while MALLORY in port.door._peers:
+    async with asyncio.timeout(HANG):  # the server's side ends a moment after the client's (TLS 1.3)
+        while not (peer := port.door._peers[MALLORY]).known:
             await asyncio.sleep(0.01)
+    assert (peer.failures, peer.not_before) == (0, 0.0)
 
 
 async def test_a_renewed_certificate_serves_new_connections(serve: Serve) -> None:

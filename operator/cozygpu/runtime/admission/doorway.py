@@ -7,8 +7,9 @@ into TLS only
 - while its peer address has fewer than `peer_connections` open (the next is closed at once, before any TLS);
 - after its peer's backoff: a caller whose handshakes fail (no certificate the client CA signed, or none at all)
   waits twice as long after each failure, up to `BACKOFF_MOST`; a handshake that succeeds forgets them;
-- in a turn: at most `handshakes` key exchanges at once on the replica, slots handed round robin by peer address
-  (`Turns`), so a peer with many queued delays another's by at most one of its own;
+- in a turn (`Handshakes`): at most `handshakes` key exchanges at once on the replica; a peer whose last handshake
+  succeeded (the API server) goes first and has a slot no other may take, the rest are handed round robin by peer
+  address, so a peer with many queued delays another's by at most one of its own;
 - within `handshake_within` for the key exchange, and `wait_within` for the backoff and the turn before it.
 The TLS connection then goes to aiohttp's request handler, as its own TCP site would hand it over.
 
@@ -21,20 +22,19 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import aiohttp.web
 import structlog
-
-from cozygpu.runtime.admission.calls import Turns
 
 log = structlog.get_logger("cozygpu.webhook")
 
 # A first failed handshake delays its peer's next by this much, doubling per failure up to BACKOFF_MOST.
 BACKOFF_FIRST = 0.05
 BACKOFF_MOST = 5.0
-# Peers remembered only for their backoff are forgotten once it ended, checked when there are this many.
+# Peers with no connection open (remembered for a backoff, or as known) are forgotten when there are this many.
 REMEMBERED = 4096
 
 
@@ -55,6 +55,71 @@ class _Peer:
     open: int = 0
     failures: int = 0
     not_before: float = 0.0
+    known: bool = False  # its last handshake succeeded: a caller with a certificate (the API server)
+
+
+class Handshakes:
+    """A replica's key-exchange slots. A known peer (its last handshake succeeded: the API server, once it has
+    connected) goes first, and one slot is for known peers alone; the rest are handed round robin by peer address.
+    So peers whose handshakes stall or fail hold all slots but one, and never delay a known peer's turn; among
+    themselves, a peer with many queued delays another by one of its own."""
+
+    def __init__(self, slots: int) -> None:
+        self._slots = slots
+        self._busy = 0
+        self._unknown_busy = 0  # slots held by peers not known
+        self._known: deque[asyncio.Future[None]] = deque()
+        # Unknown peers' waiting turns; the dict's order is the turn: a peer served goes to the back.
+        self._others: dict[str, deque[asyncio.Future[None]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def turn(self, peer: str, *, known: bool) -> AsyncIterator[None]:
+        """Hold a slot for one handshake of `peer`."""
+        queued = self._known or (not known and self._others)
+        if self._may(known) and not queued:
+            self._take(known)
+        else:
+            handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            (self._known if known else self._others.setdefault(peer, deque())).append(handed)
+            try:
+                await handed
+            except asyncio.CancelledError:
+                if handed.done() and not handed.cancelled():  # handed a slot, then cancelled: give it on
+                    self._give_back(known)
+                raise
+        try:
+            yield
+        finally:
+            self._give_back(known)
+
+    def _may(self, known: bool) -> bool:
+        return self._busy < self._slots and (known or self._unknown_busy < max(1, self._slots - 1))
+
+    def _take(self, known: bool) -> None:
+        self._busy += 1
+        self._unknown_busy += not known
+
+    def _give_back(self, known: bool) -> None:
+        self._busy -= 1
+        self._unknown_busy -= not known
+        while self._known and self._may(True):
+            if self._hand(self._known.popleft(), True):
+                return
+        while self._others and self._may(False):
+            peer = next(iter(self._others))
+            queue = self._others.pop(peer)
+            handed = queue.popleft()
+            if queue:
+                self._others[peer] = queue  # to the back of the turn
+            if self._hand(handed, False):
+                return
+
+    def _hand(self, handed: asyncio.Future[None], known: bool) -> bool:
+        if handed.done():  # a cancelled waiter is passed over
+            return False
+        self._take(known)
+        handed.set_result(None)
+        return True
 
 
 class Doorway(aiohttp.web.BaseSite):
@@ -77,7 +142,7 @@ class Doorway(aiohttp.web.BaseSite):
         self.limits = limits
         self._host, self._port = host, port
         self._peers: dict[str, _Peer] = {}
-        self._turns = Turns(limits.handshakes)
+        self._turns = Handshakes(limits.handshakes)
         self._waiting: set[asyncio.Task[None]] = set()
 
     @property
@@ -124,7 +189,7 @@ class Doorway(aiohttp.web.BaseSite):
                 try:
                     async with asyncio.timeout(self.limits.wait_within):
                         await asyncio.sleep(max(0.0, peer.not_before - time.monotonic()))
-                        await turn.enter_async_context(self._turns.turn(door.address))
+                        await turn.enter_async_context(self._turns.turn(door.address, known=peer.known))
                 except TimeoutError:
                     self._turn_away(door.address, "waited_too_long")
                     return
@@ -138,12 +203,13 @@ class Doorway(aiohttp.web.BaseSite):
                     )
                 except (OSError, TimeoutError) as e:  # ssl.SSLError and ConnectionError are OSErrors
                     peer.failures += 1
+                    peer.known = False
                     peer.not_before = time.monotonic() + min(BACKOFF_MOST, BACKOFF_FIRST * 2 ** (peer.failures - 1))
                     self._turn_away(door.address, "handshake_failed", failures=peer.failures, error=str(e))
                     return
             if tls is None:  # the peer went away as its handshake ended
                 return
-            peer.failures, peer.not_before = 0, 0.0
+            peer.failures, peer.not_before, peer.known = 0, 0.0, True
             handler = self._runner.server
             assert handler is not None
             door.hand_to(handler(), tls)
@@ -162,7 +228,7 @@ class Doorway(aiohttp.web.BaseSite):
         if peer is None:
             return
         peer.open -= 1
-        if not peer.open and not peer.failures:
+        if not peer.open and not peer.failures and not peer.known:
             del self._peers[address]
 
     def _forget_ended(self) -> None:
