@@ -14,9 +14,12 @@ import asyncio
 from collections.abc import Collection
 from typing import Any, cast
 
+import pytest
+
 from cozygpu.api import kinds
 from cozygpu.api.names import CONDITION_READY
 from cozygpu.kube.adapter import ApiError, AsyncKube
+from cozygpu.runtime.admission import guard as guard_module
 from cozygpu.runtime.admission.guard import CONFIG_MAP, ManagedResources
 from cozygpu.runtime.admission.policy import MANAGED_RESOURCES, NAME, PROBE_GUARDED, RESOURCES_KEY
 from cozygpu.runtime.view import View
@@ -43,14 +46,25 @@ def _guard(
         settled.append(sorted(resources))
         return list(unplaced or [])
 
+    async def placed(key: str) -> bool:
+        return key in scheduled
+
     guard = ManagedResources(
-        view.cluster, cast(AsyncKube, kube), writer, OPS, interval=interval, guarded=guarded, settle=settle
+        view.cluster,
+        cast(AsyncKube, kube),
+        writer,
+        OPS,
+        interval=interval,
+        guarded=guarded,
+        settle=settle,
+        placed=placed,
     )
     view.subscribe(guard.changed, kinds.GPU_CLASS)
     return guard, view, kube
 
 
 settled: list[list[str]] = []
+scheduled: set[str] = set()  # the followed pods the scheduler has placed
 
 
 def _refused_by_policy(resource: str) -> ApiError:
@@ -107,6 +121,28 @@ def test_a_class_waits_for_pods_admitted_before_its_guard_to_be_scheduled() -> N
     cls = view.cluster.classes["a10"]
     assert not cls.ready()
     assert "lab/early" in cls.status.conditions[-1].message
+    scheduled.add("lab/early")
+    assert asyncio.run(run_until(guard.run, lambda: _ready(view, "a10") == ("True", "Guarded")))
+    assert settled[-1] == [A10]  # one look at every pod, not one per pass
+
+
+def test_a_pod_kept_unschedulable_keeps_a_class_waiting_no_longer_than_the_patience(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tenant's pod asking for the resource, admitted before the guard and kept unschedulable, is followed but
+    cannot keep the class unready past PATIENCE."""
+    monkeypatch.setattr(guard_module, "PATIENCE", 0.3)
+    guard, view, kube = _guard(gpu_class("a10"), guarded=True, unplaced=["mallory/forever"])
+    armed: list[bool] = []
+
+    def ready() -> bool:
+        if not armed and _published(kube) is not None:
+            kube.fail_next(_refused_by_policy(A10), method="create")
+            armed.append(True)
+        return _ready(view, "a10") == ("True", "Guarded")
+
+    assert asyncio.run(run_until(guard.run, ready))
+    assert list(guard._following) == ["mallory/forever"]  # still read again, one by one, until placed or gone
 
 
 def test_without_the_policy_no_class_is_probed_nor_marked() -> None:

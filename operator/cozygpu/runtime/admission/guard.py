@@ -13,8 +13,9 @@ also counts as free. So while the policy is in force (`guarded`), a class is Rea
 binder asks before it gives a device new units) only once
 - the API server refuses a probe for its resource: a dry-run ConfigMap the policy refuses exactly while the
   parameter it holds names the resource (`policy.probe`);
-- the pods admitted before are known: every pod on a node read into the view, and none asking for the resource
-  still waits for the scheduler (`settle`, runtime.watching.podwatch).
+- the pods admitted before are known: every pod on a node read into the view (`settle`, runtime.watching.podwatch),
+  and those asking for the resource that still wait for the scheduler waited for up to PATIENCE, and read again
+  one by one until they are placed or gone (`placed`), so a pod kept unschedulable cannot keep a class unready.
 Until then the class shows Ready=False, saying what it waits for. Started by the Operator on the Lease holder.
 """
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -43,8 +45,11 @@ PROBE_FIRST = 0.2
 PROBE_MOST = 5.0
 # At most this many of the pods a class waits for are named in its condition.
 NAMED = 5
+# How long a class waits for pods admitted before its guard to be scheduled; past it they are only followed.
+PATIENCE = 30.0
 
 Settle = Callable[[Collection[str]], Awaitable[list[str]]]
+Placed = Callable[[str], Awaitable[bool]]
 
 
 class ManagedResources:
@@ -58,7 +63,10 @@ class ManagedResources:
         interval: float,
         guarded: bool,
         settle: Settle,
+        placed: Placed,
     ) -> None:
+        """`settle` reads every pod on a node into the view and returns those asking for the resources that wait
+        for the scheduler; `placed` says of one of those whether it no longer waits (runtime.watching.podwatch)."""
         self._cluster = cluster
         self._kube = kube
         self._writer = writer
@@ -66,6 +74,8 @@ class ManagedResources:
         self._interval = interval
         self._guarded = guarded
         self._settle = settle
+        self._placed = placed
+        self._following: dict[str, float] = {}  # unscheduled pods admitted before a guard, since when
         self._wake = asyncio.Event()
         self._written: dict[str, Any] | None = None
         # Resources the API server was seen guarding, their earlier pods settled, since they were last published.
@@ -110,27 +120,46 @@ class ManagedResources:
         log.info("guard.published", namespace=self._namespace, resources=wanted["data"])
 
     async def _ready_classes(self) -> bool:
-        """Probe for the resources of classes not ready, and mark each class; True while some class still waits."""
+        """Probe for the resources of classes not ready, follow the pods admitted before, and mark each class; True
+        while some class still waits or a pod is still followed."""
+        if self._following:
+            await self._follow()
         unready = sorted((c for c in self._cluster.classes.values() if not c.ready()), key=lambda c: c.name)
         if not unready:
-            return False
+            return bool(self._following)
         published = _resources(self._written) if self._written is not None else set()
         new = {c.spec.resource_name for c in unready} & published - self._seen
-        self._refusing |= {r for r in sorted(new - self._refusing) if await self._probe(r)}
-        unplaced: list[str] = []
-        if pending := new & self._refusing:
-            unplaced = await self._settle(pending)
-            if unplaced:
-                log.info(
-                    "guard.waiting_for_pods", resources=sorted(pending), pods=unplaced[:NAMED], count=len(unplaced)
-                )
-            else:
-                self._seen |= pending
-                self._refusing -= pending
-                log.info("guard.enforced", resources=sorted(pending))
+        if refused := {r for r in sorted(new - self._refusing) if await self._probe(r)}:
+            # One look at every pod for what was admitted before the guard: those on a node go into the view now;
+            # those still waiting for the scheduler are followed one by one (`_follow`).
+            now = time.monotonic()
+            for key in await self._settle(refused):
+                self._following.setdefault(key, now)
+            self._refusing |= refused
+        if self._refusing and not self._patience_left():
+            self._seen |= self._refusing
+            log.info("guard.enforced", resources=sorted(self._refusing), following=sorted(self._following)[:NAMED])
+            self._refusing = set()
         for cls in unready:
-            await self._mark(cls, unplaced)
-        return any(c.spec.resource_name not in self._seen for c in unready)
+            await self._mark(cls)
+        return bool(self._following) or any(c.spec.resource_name not in self._seen for c in unready)
+
+    def _patience_left(self) -> bool:
+        """Whether a followed pod is young enough to wait for: one the scheduler placed within PATIENCE is counted
+        before any class of its resource is ready; one it cannot place (a tenant's pod kept unschedulable) is only
+        followed, so it cannot keep a class from being ready."""
+        now = time.monotonic()
+        return any(now - since < PATIENCE for since in self._following.values())
+
+    async def _follow(self) -> None:
+        for key in sorted(self._following):
+            try:
+                done = await self._placed(key)
+            except ApiError as e:
+                log.warning("guard.follow_failed", pod=key, error=e.message)
+                continue
+            if done:
+                del self._following[key]
 
     async def _probe(self, resource: str) -> bool:
         """Whether the API server refuses the probe for `resource`, as the policy does once it guards it."""
@@ -142,7 +171,7 @@ class ManagedResources:
             log.warning("guard.probe_failed", namespace=self._namespace, resource=resource, error=e.message)
         return False
 
-    async def _mark(self, cls: GPUClass, unplaced: list[str]) -> None:
+    async def _mark(self, cls: GPUClass) -> None:
         """The class's Ready condition for its spec as it is, written if it differs."""
         resource = cls.spec.resource_name
         if resource in self._seen:
@@ -150,11 +179,11 @@ class ManagedResources:
             message = f"the no-bypass policy refuses pods that ask for {resource} behind the operator's back"
         elif resource in self._refusing:
             status, reason = ConditionStatus.FALSE, "AwaitingPods"
-            more = f" and {len(unplaced) - NAMED} more" if len(unplaced) > NAMED else ""
+            waiting = sorted(self._following)
+            more = f" and {len(waiting) - NAMED} more" if len(waiting) > NAMED else ""
             message = (
-                f"the no-bypass policy guards {resource} now; pods that asked for it before wait for the scheduler: "
-                + ", ".join(unplaced[:NAMED])
-                + more
+                f"the no-bypass policy guards {resource} now; pods admitted before it wait for the scheduler "
+                f"(up to {PATIENCE:.0f} s): " + ", ".join(waiting[:NAMED]) + more
             )
         else:
             status, reason = ConditionStatus.FALSE, "AwaitingGuard"

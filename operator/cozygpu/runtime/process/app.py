@@ -158,6 +158,7 @@ class Operator:
             interval=settings.sweep_interval,
             guarded=settings.guarded,
             settle=self.pods.settle,
+            placed=self.pods.placed,
         )
         # A task that really died ends the process: the kubelet starts a whole one again (§10).
         self.supervisor = Supervisor(on_death=self._end)

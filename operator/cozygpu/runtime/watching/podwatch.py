@@ -118,6 +118,18 @@ class PodWatch:
             if not after:
                 return unplaced
 
+    async def placed(self, key: str) -> bool:
+        """Whether a pod `settle` found waiting for the scheduler ("namespace/name") waits no more: gone, ended, or
+        on a node, and then read into the view, where it holds its units."""
+        namespace, _, name = key.partition("/")
+        body = await self._kube.get_or_none(kinds.POD, name, namespace)
+        if body is None or (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return True
+        if not (body.get("spec") or {}).get("nodeName"):
+            return False
+        await self._read((namespace, name))
+        return True
+
     async def _scan(self) -> None:
         forgotten, _ = await self._everything.list(resume=False)
         log.info("pods.scanned", holding=self._view.cluster.pods_holding(), forgotten=forgotten)
