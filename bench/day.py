@@ -295,11 +295,11 @@ class Day:
         """The binder's passes until it has nothing left: `Binder.run`'s loop, its wake-up flag read directly
         and without the retry timer, each pass followed by every write it left in flight."""
         for _ in range(1000):
-            self.binder._wake.clear()
+            self.binder.queue.wake.clear()
             waiting = await self.binder.step()
             while writes := asyncio.all_tasks() - {asyncio.current_task()}:
                 await asyncio.gather(*writes)
-            if not waiting and not self.binder._wake.is_set():
+            if not waiting and not self.binder.queue.wake.is_set():
                 return
         raise RuntimeError("the binder did not settle in 1000 passes")
 

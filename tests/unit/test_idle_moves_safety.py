@@ -18,7 +18,7 @@ from cozygpu.api.meta import now
 from cozygpu.kube.errors import ApiError
 from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.binder import Binder
-from cozygpu.runtime.workers.mover import PLANS
+from cozygpu.runtime.workers.binder.mover import PLANS
 from tests.support.memkube import MemKube
 from tests.support.views import A10, EPOCH, device, gpu_class, node, request
 from tests.support.workers import SHORT, beside, recorder

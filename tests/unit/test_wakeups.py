@@ -27,10 +27,10 @@ def test_a_binder_that_has_not_run_hears_no_change() -> None:
     binder = Binder(c, None, incomplete_after=30, concurrency=4)  # type: ignore[arg-type]  # changed() never writes
     view.subscribe(binder.changed)
     assert view.apply(kinds.GPU_DEVICE, device("a", phase="Pending")).stored
-    assert not binder._wake.is_set()
+    assert not binder.queue.wake.is_set()
     binder.listen()
     assert view.apply(kinds.GPU_DEVICE, device("a", phase="Pending", node_name="n1")).stored
-    assert binder._wake.is_set()
+    assert binder.queue.wake.is_set()
 
 
 def test_a_vmi_status_update_wakes_no_worker_and_no_waiting_admission() -> None:
@@ -48,7 +48,7 @@ def test_a_vmi_status_update_wakes_no_worker_and_no_waiting_admission() -> None:
         vmi["status"] = {"phase": "Running"}
         assert not view.apply(kinds.VMI, vmi).stored
         assert c.stored_version(kinds.VMI, ("t1", "vm")) == 51  # a resync skips it unread all the same
-        assert not binder._wake.is_set()
+        assert not binder.queue.wake.is_set()
         assert not accountant._wake.is_set()
         assert not admission.is_set()
 
@@ -61,7 +61,7 @@ def test_a_device_change_wakes_the_binder_and_only_the_admissions_waiting_on_tha
     view.subscribe(waiters.changed, kinds.GPU_DEVICE)
     with waiters.waiting([("t1", "a")]) as mine, waiters.waiting([("t1", "b")]) as other:
         assert view.apply(kinds.GPU_DEVICE, device("a", phase="Pending")).stored
-        assert binder._wake.is_set()
+        assert binder.queue.wake.is_set()
         assert mine.is_set()
         assert not other.is_set()
 
@@ -71,10 +71,10 @@ def test_units_freed_on_a_node_wake_the_binder_with_the_class_as_hint() -> None:
     c = cluster(classes=[gpu_class("a10", A10)], nodes=[node("n1", {A10: 2})])
     binder, view = _binder(c)
     view.apply(kinds.POD, pod("job", {A10: 2}, node="n1"))
-    binder._wake.clear()
+    binder.queue.wake.clear()
     change = view.apply(kinds.POD, pod("job", {A10: 2}, node="n1", phase="Succeeded"))
     assert change.room == {"a10"}
-    assert binder._wake.is_set()
+    assert binder.queue.wake.is_set()
 
 
 def test_a_class_turning_ready_wakes_the_binder_for_its_waiting_devices() -> None:
@@ -82,12 +82,12 @@ def test_a_class_turning_ready_wakes_the_binder_for_its_waiting_devices() -> Non
     again; a status write that leaves readiness as it was wakes nothing."""
     c = cluster(classes=[gpu_class("a10", A10, ready=False)], nodes=[node("n1", {A10: 2})])
     binder, view = _binder(c)
-    binder._wake.clear()
+    binder.queue.wake.clear()
     change = view.apply(kinds.GPU_CLASS, gpu_class("a10", A10, ready=False))
-    assert not change.served and not binder._wake.is_set()
+    assert not change.served and not binder.queue.wake.is_set()
     change = view.apply(kinds.GPU_CLASS, gpu_class("a10", A10, ready=True))
     assert change.served == {"a10"}
-    assert binder._wake.is_set()
+    assert binder.queue.wake.is_set()
 
 
 def test_a_waiter_leaves_no_trace_once_its_admission_is_answered() -> None:

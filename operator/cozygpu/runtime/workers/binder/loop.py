@@ -1,12 +1,10 @@
-"""The binder (§4, §5): the one writer of phase, nodeName and bindRequest.result.
+"""The binder's decision loop (§4, §5): bind requests first, then devices Bound to a gone node, then the waiting
+room, one decision at a time from the view.
 
-One task decides one thing at a time from the cluster view, so two decisions never
-spend the same free unit; each decision counts in the view at once (assumed) and is
-written in the background through the one writer (runtime.writes). Woken by the
-view's changes (`changed`); it never polls the API.
-
-Why one module: the decision loop, its waiting room and its write slots share the pass's state;
-issue 35 item 1 makes the binder a package with the queue and the dispatcher apart.
+Each pass takes its work from the waiting room (runtime.workers.binder.queue), decides, counts each decision in
+the view at once (`Writer.assume`) and hands its write to a slot of the dispatcher
+(runtime.workers.binder.dispatcher), so the next decision is made on a view that has this one while the write is
+under way. Called by the Operator (`run`, on the Lease holder) and tests (`step`).
 """
 
 from __future__ import annotations
@@ -14,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import heapq
 import time
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 import structlog
 
@@ -27,15 +23,17 @@ from cozygpu.decisions import transitions
 from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.placement import Placement, place
 from cozygpu.decisions.requests import Answer, Assessment, Wait, assess
-from cozygpu.decisions.waiting import fits_now, in_turn, lost, must_decide, oldest, overtakes, to_decide
+from cozygpu.decisions.waiting import fits_now, lost, overtakes, to_decide
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.ledger import Claim, Ledger
 from cozygpu.runtime.metrics import Metrics
-from cozygpu.runtime.workers import reports
-from cozygpu.runtime.workers.mover import Mover
-from cozygpu.runtime.workers.orders import Confirmations
+from cozygpu.runtime.workers.binder import reports
+from cozygpu.runtime.workers.binder.confirmations import Confirmations
+from cozygpu.runtime.workers.binder.dispatcher import Dispatcher, Slot
+from cozygpu.runtime.workers.binder.mover import Mover
+from cozygpu.runtime.workers.binder.queue import WaitingRoom
 from cozygpu.runtime.writes import Writer
-from cozygpu.state.cluster import Change, Cluster, DeviceKey
+from cozygpu.state.cluster import Change, Cluster
 
 log = structlog.get_logger("cozygpu.binder")
 
@@ -73,78 +71,36 @@ class Binder:
         self._guarded = guarded
         self._events = events
         self._metrics = metrics
-        self._wake = asyncio.Event()
-        # It hears the view's changes once it has run (on the Lease holder, §10): a standby's binder hears nothing,
-        # and its first pass on taking the Lease decides everything the view holds.
-        self._listening = False
-        # What the next pass decides (`waiting.to_decide`): devices with events since the last pass,
-        # classes that gained room, classes whose serving nodes changed; everything on the first pass.
-        self._fresh: set[DeviceKey] = set()
-        self._room: set[str] = set()
-        self._served: set[str] = set()
-        self._first = True
-        # What a pass that stepped aside had left, in turn; the classes it found no room for so far.
-        self._rest: list[GPUDevice] = []
-        self._passed_over: set[str] = set()
-        # A bind request arrived: its admission waits, so the waiting room steps aside (§14.3).
-        self._asked = False
         self._yielded = time.monotonic()
+        self.queue = WaitingRoom(cluster)
         # Writes in flight, bounded so decisions never run far ahead of the API, and to half the
         # client's pool: admissions, the accountant and the collector get the other half.
-        self._in_flight = asyncio.Semaphore(max(1, concurrency // 2))
-        self._writes: set[asyncio.Task[None]] = set()
-        self._confirmations = (
-            Confirmations(cluster, writer, ledger, reserved, self._gained) if ledger is not None else None
-        )
+        self.dispatcher = Dispatcher(concurrency // 2)
         self.mover = Mover(
             cluster,
             writer,
+            self.queue,
+            self.dispatcher,
             limit=idle_moves,
             clock=clock,
             events=events,
             metrics=metrics,
-            gained=self._gained,
             idle_after=idle_after,
-            spawn=self._spawn,
-            again=self._again,
         )
-        self._reach: set[str] = set()  # classes where idle moves may make room now (§5.7): their oldest retries
+        self._confirmations = (
+            Confirmations(cluster, writer, ledger, reserved, self.queue) if ledger is not None else None
+        )
 
     def poke(self) -> None:
-        self._wake.set()
+        self.queue.poke()
 
     def listen(self) -> None:
         """Hear the view's changes from now on: `run` does, so only the Lease holder's binder hears them (§10)."""
-        self._listening = True
+        self.queue.listen()
 
     def changed(self, change: Change) -> None:
-        """A change in the view: a device may be new in the waiting room or carry a request, a class may have
-        gained room or serving nodes; only what it names is decided again, and a change that names none of
-        these (a VMI's status, a node's heartbeat, a budget) does not wake the binder at all."""
-        if not self._listening:
-            return
-        reach = self.mover.heard(change.reach)
-        self._reach |= reach
-        if not (change.room or change.served or reach or (change.kind is kinds.GPU_DEVICE and not change.deleted)):
-            return
-        if change.kind is kinds.GPU_DEVICE and not change.deleted:
-            key = (change.namespace, change.name)
-            self._fresh.add(key)
-            device = self._cluster.device(*key)
-            if device is not None and device.open_request is not None:
-                self._asked = True
-        self._room |= change.room
-        self._served |= change.served
-        self._wake.set()
-
-    def _again(self, keys: frozenset[DeviceKey]) -> None:
-        self._fresh |= keys
-        self._wake.set()
-
-    def _gained(self, room: frozenset[str]) -> None:
-        """A bind taken back (runtime.workers.orders) left room on its node."""
-        self._room |= room
-        self._wake.set()
+        """A change in the view, for the waiting room, with what the mover says of where room may be made."""
+        self.queue.changed(change, self.mover.heard(change.reach))
 
     async def _breathe(self) -> None:
         """Hand the event loop back when this task has held it for YIELD_EVERY."""
@@ -158,7 +114,7 @@ class Binder:
         self.listen()
         try:
             while True:
-                self._wake.clear()
+                self.queue.wake.clear()
                 try:
                     waiting = await self.step()
                 except Exception:
@@ -168,21 +124,18 @@ class Binder:
                 await asyncio.sleep(0)  # the writes a pass spawned run before the next, even if it woke itself
                 with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel
                     async with asyncio.timeout(timeout):
-                        await self._wake.wait()
+                        await self.queue.wake.wait()
         finally:
-            writes = list(self._writes)
-            for task in writes:
-                task.cancel()
-            await asyncio.gather(*writes, return_exceptions=True)
+            await self.dispatcher.close()
             if self._confirmations is not None:
                 await self._confirmations.close()
 
     async def step(self) -> bool:
         """One pass over everything undecided; True when a request is still being written."""
         self._yielded = time.monotonic()
-        self._reach |= self.mover.ripe()  # here, so a step that fails before the waiting room cannot spin on it
+        self.queue.ripened(self.mover.ripe())  # here, so a step that fails before the waiting room cannot spin
         await self._writer.recheck()
-        self._asked = False
+        self.queue.asked = False
         waiting = await self._answer_requests() or self._writer.doubtful
         await self._mark_lost()
         await self._place_waiting()
@@ -200,19 +153,16 @@ class Binder:
                 waiting = True  # a write of ours on one of its devices is still out: decide after it
                 continue
             # The slot first: nothing may change between the decision and its assumption in the view.
-            await self._in_flight.acquire()
-            assessment = self._assess(request_id)
-            if isinstance(assessment, Answer) and self.mover.make_room(
-                assessment.devices, assessment.outcome, asked=True
-            ):
-                self._in_flight.release()  # §5.7: decided once the moves made for it are written
-                waiting = True
-                continue
-            if isinstance(assessment, Answer):
-                self._answer(assessment)
-                continue
-            self._in_flight.release()
-            waiting = waiting or isinstance(assessment, Wait)
+            async with self.dispatcher.slot() as slot:
+                assessment = self._assess(request_id)
+                if isinstance(assessment, Answer) and self.mover.make_room(
+                    assessment.devices, assessment.outcome, asked=True
+                ):
+                    waiting = True  # §5.7: decided once the moves made for it are written
+                elif isinstance(assessment, Answer):
+                    self._answer(assessment, slot)
+                else:
+                    waiting = waiting or isinstance(assessment, Wait)
         return waiting
 
     def _assess(self, request_id: str) -> Assessment:
@@ -232,10 +182,10 @@ class Binder:
                 return d.status.bind_request.requested_at
         return self._clock()
 
-    def _answer(self, answer: Answer) -> None:
+    def _answer(self, answer: Answer, slot: Slot) -> None:
         """Count the answer in the view at once and write it to every device of the set concurrently,
         in the background: the next request is decided meanwhile, on a view that already has this one.
-        The caller holds a slot; the write gives it back."""
+        The decision's slot goes with the write."""
         now = self._clock()
         outcome, request = answer.outcome, answer.request
         news = [
@@ -247,14 +197,9 @@ class Binder:
         assumptions = [self._writer.assume(new) for new in news]
         tokens = [a.token for a in assumptions]
         for assumption in assumptions:
-            self._room |= assumption.room  # a gather left room on the nodes it moved devices off
+            self.queue.note_room(assumption.room)  # a gather left room on the nodes it moved devices off
         orders = self._confirmations.orders_of(answer) if self._confirmations is not None else {}
-        self._spawn(self._write_answer(answer, news, tokens, time.monotonic(), orders))
-
-    def _spawn(self, write: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(write)
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        slot.hand(self._write_answer(answer, news, tokens, time.monotonic(), orders))
 
     async def _write_answer(
         self,
@@ -264,15 +209,12 @@ class Binder:
         started: float,
         orders: dict[Claim, Order] | None = None,
     ) -> None:
-        try:
-            if orders and self._confirmations is not None:
-                answer, news, tokens = await self._confirmations.confirmed(answer, news, tokens, orders)
-            request = answer.request
-            results = await asyncio.gather(
-                *(self._write(new, token=t) for new, t in zip(news, tokens, strict=True)), return_exceptions=True
-            )
-        finally:
-            self._in_flight.release()
+        if orders and self._confirmations is not None:
+            answer, news, tokens = await self._confirmations.confirmed(answer, news, tokens, orders)
+        request = answer.request
+        results = await asyncio.gather(
+            *(self._write(new, token=t) for new, t in zip(news, tokens, strict=True)), return_exceptions=True
+        )
         written = [r is True for r in results]
         for failure in (r for r in results if isinstance(r, BaseException)):
             log.warning("binder.write_failed", request_id=request.id, namespace=answer.namespace, error=str(failure))
@@ -313,16 +255,7 @@ class Binder:
         device back in the view as the API has it, and it is decided again. The pass steps aside for new
         bind requests, and for room that an older device it found no place for could use; what it had
         left is decided first on the next pass, in the order it had, without sorting it again."""
-        if self._first:
-            self._first = False
-            musts, room = in_turn(self._cluster), set()  # the order the view keeps: no sort of every device
-        else:
-            musts = must_decide(self._cluster, self._served, self._fresh | oldest(self._cluster, self._reach))
-            if self._rest:
-                musts = list(heapq.merge(self._rest, musts, key=self._cluster.turn))
-            room = self._room - self._served
-        self._fresh, self._room, self._served, self._reach, self._rest = set(), set(), set(), set(), []
-        self._passed_over.clear()
+        musts, room = self.queue.next_pass()
         decided, at, for_room = 0, 0, False
         try:
             for device, for_room in to_decide(self._cluster, musts, room):
@@ -332,24 +265,14 @@ class Binder:
                 if for_room and not fits_now(self._cluster, device):
                     continue  # room it was woken for went to an older device: no decision, no scan
                 # Each pass decides one device at least, so admissions arriving without end starve nothing.
-                aside = decided > 0 and self._stepping_aside()
+                aside = decided > 0 and self.queue.stepping_aside()
                 if aside or not await self._decide(device, may_step_aside=decided > 0):
-                    self._keep(musts, at, for_room, room)
+                    self.queue.keep(musts, at, for_room, room)
                     return
                 decided += 1
         except BaseException:
-            self._keep(musts, at, for_room, room)  # what failed or was cancelled is decided again, not lost
+            self.queue.keep(musts, at, for_room, room)  # what failed or was cancelled is decided again, not lost
             raise
-
-    def _keep(self, musts: list[GPUDevice], at: int, for_room: bool, room: set[str]) -> None:
-        """What a pass had left (from the device it stopped at), for the next pass, first."""
-        self._rest = musts[max(at - 1, 0) :] if not for_room else musts[at:]
-        self._room |= room
-        self._wake.set()
-
-    def _stepping_aside(self) -> bool:
-        """A request waits for its answer, or room appeared that a device passed over in this pass could use."""
-        return self._asked or not self._room.isdisjoint(self._passed_over)
 
     async def _decide(self, device: GPUDevice, *, may_step_aside: bool) -> bool:
         """Place one waiting device or say why it waits; False when it stepped aside before deciding."""
@@ -358,41 +281,36 @@ class Binder:
         if current is None or self._cluster.assumed(*key) or not current.awaits_node:
             return True
         # The slot first: nothing may change between the decision and its assumption in the view.
-        await self._in_flight.acquire()
-        if may_step_aside and self._stepping_aside():
-            self._in_flight.release()
-            return False
-        current = self._cluster.device(*key)
-        if current is None or self._cluster.assumed(*key) or not current.awaits_node:
-            self._in_flight.release()
-            return True
-        if overtakes(self._cluster, current):
-            # Room appeared mid-pass that an older device of the class fits in: it goes first (§5.5).
-            self._in_flight.release()
-            self._room.add(current.spec.class_name)
-            return False
-        outcome = place(self._cluster, [current], guarded=self._guarded)
-        if self.mover.make_room([current], outcome, asked=False):
-            self._in_flight.release()  # §5.7: decided again once the moves made for it are written
-            return True
-        if self._metrics is not None:
-            self._metrics.decisions.labels("Bound" if isinstance(outcome, Placement) else "Pending").inc()
-        if isinstance(outcome, Placement):
-            bound = transitions.bound(current, outcome.node, self._clock())
-            assumption = self._writer.assume(bound)
-            self._room |= assumption.room
-            self._spawn(self._bind(current, bound, outcome.node, assumption.token))
-            return True
-        self._in_flight.release()
-        self._passed_over.add(current.spec.class_name)
+        async with self.dispatcher.slot() as slot:
+            if may_step_aside and self.queue.stepping_aside():
+                return False
+            current = self._cluster.device(*key)
+            if current is None or self._cluster.assumed(*key) or not current.awaits_node:
+                return True
+            if overtakes(self._cluster, current):
+                # Room appeared mid-pass that an older device of the class fits in: it goes first (§5.5).
+                self.queue.overtaken(current.spec.class_name)
+                return False
+            outcome = place(self._cluster, [current], guarded=self._guarded)
+            if self.mover.make_room([current], outcome, asked=False):
+                return True  # §5.7: decided again once the moves made for it are written
+            if self._metrics is not None:
+                self._metrics.decisions.labels("Bound" if isinstance(outcome, Placement) else "Pending").inc()
+            if isinstance(outcome, Placement):
+                bound = transitions.bound(current, outcome.node, self._clock())
+                assumption = self._writer.assume(bound)
+                self.queue.note_room(assumption.room)
+                slot.hand(self._bind(current, bound, outcome.node, assumption.token))
+                return True
+        # No room: the slot is given back, and why it waits is written outside it.
+        self.queue.passed_over(current.spec.class_name)
         new = transitions.waiting(current, outcome.message, self._clock())
         try:
             if new != current and not await self._write(new):
                 return True
         except Exception as e:  # the API failed us: decided again on the next pass, the pass goes on
             log.warning("binder.write_failed", namespace=key[0], device=key[1], error=str(e))
-            self._fresh.add(key)
-            self._wake.set()
+            self.queue.again(frozenset({key}))
             return True
         if current.status.phase is None or current.status.message != new.status.message:
             log.info(
@@ -415,10 +333,7 @@ class Binder:
                 return
         except Exception as e:  # the API failed us: the device is decided again on the next pass
             log.warning("binder.write_failed", namespace=bound.namespace, device=bound.name, error=str(e))
-        finally:
-            self._in_flight.release()
-        self._fresh.add(bound.key)
-        self._wake.set()
+        self.queue.again(frozenset({bound.key}))
 
     # -- writes ----------------------------------------------------------------
 

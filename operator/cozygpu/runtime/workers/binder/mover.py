@@ -6,7 +6,7 @@ until written, state.capacity) and written in the background while the binder go
 decisions; the order is decided again once every move's write is done, so each moved device is Bound
 on its new node before the order uses the room, and a move that fails (someone attached the device
 first) undoes nothing: the order is decided again on the view as the API has it. Each moved device gets a `Moved` Event
-that names no other tenant's objects (§14) (runtime.workers.reports).
+that names no other tenant's objects (§14) (runtime.workers.binder.reports).
 
 A device moves only once idle for `idle_after` seconds (decisions.idlemoves), so the mover also tells the
 binder when classes are worth deciding again: at once where a node's free plus idle units rose (`heard`), and
@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions import transitions
@@ -27,7 +26,9 @@ from cozygpu.decisions.idlemoves import RoomPlan, plan_room
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
-from cozygpu.runtime.workers import reports
+from cozygpu.runtime.workers.binder import reports
+from cozygpu.runtime.workers.binder.dispatcher import Dispatcher
+from cozygpu.runtime.workers.binder.queue import WaitingRoom
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster, DeviceKey
 
@@ -39,30 +40,28 @@ class Mover:
         self,
         cluster: Cluster,
         writer: Writer,
+        queue: WaitingRoom,
+        dispatcher: Dispatcher,
         *,
         limit: int,
         clock: Callable[[], dt.datetime],
         events: Recorder | None = None,
         metrics: Metrics | None = None,
-        gained: Callable[[frozenset[str]], None] = lambda room: None,
         idle_after: float = 0.0,
-        spawn: Callable[[Coroutine[Any, Any, None]], None] = lambda work: None,
-        again: Callable[[frozenset[DeviceKey]], None] = lambda keys: None,
     ) -> None:
-        """`limit`: the most moves one decision makes (0: never move); `gained`: room a move left on its
-        old node for other classes, handed to the binder's waiting room; `idle_after`: seconds a device is
-        idle before it may move for someone else; `spawn`: the binder's, for the moves' writes (cancelled with it);
-        `again`: the set whose moves are written, or failed, to decide again."""
+        """`queue`: the binder's waiting room, told of room a move left on its old node and of the sets to decide
+        again once their moves are written; `dispatcher`: runs the moves' writes (cancelled with the binder);
+        `limit`: the most moves one decision makes (0: never move); `idle_after`: seconds a device is idle before
+        it may move for someone else."""
         self._cluster = cluster
         self._writer = writer
+        self._queue = queue
+        self._dispatcher = dispatcher
         self.limit = limit
         self._clock = clock
         self._events = events
         self._metrics = metrics
-        self._gained = gained
         self._idle_after = idle_after
-        self._spawn = spawn
-        self._again = again
         self._for: frozenset[DeviceKey] = frozenset()  # the sets whose moves are being written
         # Devices that turned idle up to this reading of the view's idle clock have ripened and been handed out;
         # None until the first pass, which decides every waiting device with whatever is movable then.
@@ -119,10 +118,10 @@ class Mover:
         for new in news:
             assumption = self._writer.assume(new)  # counted on both nodes until written (state.capacity)
             tokens.append(assumption.token)
-            self._gained(assumption.room)
+            self._queue.gained(assumption.room)
         self._for |= keys
         self._plans += 1
-        self._spawn(self._write(plan, news, tokens, devices, keys))
+        self._dispatcher.spawn(self._write(plan, news, tokens, devices, keys))
         return True
 
     async def _write(
@@ -153,4 +152,4 @@ class Mover:
         finally:
             self._for -= keys
             self._plans -= 1
-            self._again(keys)  # on the view with the moves as the API has them: placed, or planned anew
+            self._queue.again(keys)  # on the view with the moves as the API has them: placed, or planned anew

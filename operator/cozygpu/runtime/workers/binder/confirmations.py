@@ -8,7 +8,7 @@ shows the orders other replicas admitted meanwhile; if with them a budget is ove
 newest of these binds are taken back (refused instead) until it is not, and the rest are
 recorded, so a replica admitting after them counts them. The binds of one moment share one
 ledger write (group commit): the binder never waits a round trip per bind. Called by
-runtime.workers.binder only.
+the binder's loop only (runtime.workers.binder).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from cozygpu.decisions.budgets import Order, covering_budgets, overrun
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.decisions.requests import Answer, new_orders
 from cozygpu.runtime.ledger import Claim, Ledger
+from cozygpu.runtime.workers.binder.queue import WaitingRoom
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
 
@@ -48,11 +49,12 @@ class Confirmations:
         writer: Writer,
         ledger: Ledger,
         reserved: Callable[[], Sequence[Order]],
-        gained: Callable[[frozenset[str]], None],
+        queue: WaitingRoom,
     ) -> None:
-        """`reserved`: this process's held orders not yet in the view; `gained`: a bind taken back left room."""
+        """`reserved`: this process's held orders not yet in the view; `queue`: the binder's waiting room, told of
+        the room a bind taken back left."""
         self._cluster, self._writer, self._ledger = cluster, writer, ledger
-        self._reserved, self._gained = reserved, gained
+        self._reserved, self._waiting_room = reserved, queue
         self._queue: list[_Bind] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -74,7 +76,7 @@ class Confirmations:
             # In the view at once, as any decision: the units go back to the node and the budgets.
             refused = [transitions.refused(d, answer.request.id, why) for d in answer.devices]
             assumptions = [self._writer.assume(new) for new in refused]
-            self._gained(frozenset().union(*(a.room for a in assumptions)))
+            self._waiting_room.gained(frozenset().union(*(a.room for a in assumptions)))
             refusal = Answer(answer.request, answer.namespace, answer.devices, NoPlacement(why))
             taken.append((refusal, refused, [a.token for a in assumptions]))
 

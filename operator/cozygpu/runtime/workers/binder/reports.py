@@ -1,7 +1,7 @@
 """What the binder's decisions tell (§10): Events on devices, the bind histogram, and their log lines.
 
-Called by the binder (runtime.workers.binder) once an answer is written, and by its mover
-(runtime.workers.mover) once an idle move is. Events go to the tenant who owns the device and name
+Called by the binder's loop (runtime.workers.binder) once an answer is written, and by its mover
+(runtime.workers.binder.mover) once an idle move is. Events go to the tenant who owns the device and name
 no other tenant's objects (§14); the log, which only the platform team reads, says everything.
 """
 
