@@ -239,7 +239,10 @@ def test_upgrade_from_the_previous_chart_keeps_the_certificate_and_the_held_devi
     previous = previous_chart(tmp_path / "previous")
     kubectl(plane, "apply", "-f", str(previous / "crds"))
     install(helm, previous / "charts" / "cozy-gpu-operator", address)
-    pods.append(start_pod(plane, RELEASE, NAMESPACE, "old-pod", address, tmp_path / "old-pod"))
+    # This checkout's code stands in for the previous release, whose policy cannot answer the guard's probe (§12.3):
+    # it runs as that release did, with no class readiness.
+    old = {"COZYGPU_NO_BYPASS_POLICY": "false"}
+    pods.append(start_pod(plane, RELEASE, NAMESPACE, "old-pod", address, tmp_path / "old-pod", old))
     wait_for("the old pod to lead", lambda: leader(kube) == "old-pod")
     gpu, namespace, node = fresh_gpu(), tenant(kube), unique("gpu-node")
     kube.create(kinds.GPU_CLASS, gpu_class_body(gpu.cls, gpu.resource))

@@ -13,9 +13,8 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster.harness import OperatorProcess, logged, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
-from cozygpu.runtime.admission import policy
-from tests.support.bodies import gpu_device_body
-from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu
 from tests.support.operators import start_admitting_operator
 
 
@@ -76,26 +75,16 @@ def quick(operator_kubeconfig: Path, tmp_path: Path) -> Iterator[OperatorProcess
 
 
 def test_a_pod_that_predates_the_guard_shows_on_its_node_and_takes_no_held_units(
-    operator_kubeconfig: Path, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, tmp_path: Path
+    operator_kubeconfig: Path, kube: Kube, namespace: str, gpu_node: GPUNodeFactory, tmp_path: Path
 ) -> None:
-    """A pod asking for a managed resource, created before the operator (and its policy) ran, is found by the
+    """A pod asking for a resource before any class manages it (so before the policy guards it), is found by the
     start-up list: the GPUNode names it with its units, LostCapacity stays False while nothing is crowded, and
     the binder does not hand its unit to a held device; when it ends, the unit is free again."""
+    gpu = fresh_gpu()
     node = gpu_node({gpu.resource: 2})["metadata"]["name"]
-    # Before the policy: an operator killed by an earlier test may have left it registered (nothing removes it
-    # then), and the API server enforces it once it has seen this test's class.
-    for kind in (kinds.POLICY_BINDING, kinds.POLICY):
-        kube.delete(kind, policy.NAME)
-
-    def created() -> Body | None:
-        try:  # the API server stops enforcing a removed policy a moment later
-            return kube.create(kinds.POD, holding_pod("old-job", namespace, node, {gpu.resource: 1}))
-        except ApiError as e:
-            if e.status != 403:
-                raise
-            return None
-
-    wait_for("the old pod created, with no policy in the way", created, timeout=15)
+    # No class names the resource yet: whatever policy an earlier test left, it lets the pod in.
+    kube.create(kinds.POD, holding_pod("old-job", namespace, node, {gpu.resource: 1}))
+    kube.create(kinds.GPU_CLASS, gpu_class_body(gpu.cls, gpu.resource))
     process = start_admitting_operator(operator_kubeconfig, tmp_path, "--sweep-interval", "2")
     try:
         units, pods = wait_for(
@@ -126,6 +115,9 @@ def test_a_pod_that_predates_the_guard_shows_on_its_node_and_takes_no_held_units
         assert bound["status"]["nodeName"] == node
     finally:
         process.stop()
+        kube.delete(kinds.GPU_DEVICE, "pair", namespace)
+        wait_for("pair gone", lambda: kube.get_or_none(kinds.GPU_DEVICE, "pair", namespace) is None)
+        kube.delete(kinds.GPU_CLASS, gpu.cls)
 
 
 def test_a_launcher_the_operator_did_not_admit_is_watched_in_and_out(

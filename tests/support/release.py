@@ -70,9 +70,16 @@ def pod_environment(kube: Kube, release: str, namespace: str, pod: str) -> dict[
 
 
 def start_pod(
-    plane: ControlPlane, release: str, namespace: str, pod: str, address: str, directory: Path
+    plane: ControlPlane,
+    release: str,
+    namespace: str,
+    pod: str,
+    address: str,
+    directory: Path,
+    overrides: dict[str, str] | None = None,
 ) -> OperatorProcess:
-    """`cozygpu run` as pod `pod` of the release, serving its webhooks through the release's Service once ready."""
+    """`cozygpu run` as pod `pod` of the release, serving its webhooks through the release's Service once ready;
+    `overrides`: environment beside the Deployment's (a setting an older chart did not know)."""
     kube = plane.kube()
     directory.mkdir(parents=True, exist_ok=True)
     user = f"system:serviceaccount:{namespace}:{release}"
@@ -85,7 +92,7 @@ def start_pod(
         (certs / name).write_bytes(base64.b64decode(secret["data"][name]))
     env = pod_environment(kube, release, namespace, pod)
     port = free_port()
-    env.update({"COZYGPU_WEBHOOK_CERT_DIR": str(certs), "COZYGPU_WEBHOOK_PORT": str(port)})
+    env.update({"COZYGPU_WEBHOOK_CERT_DIR": str(certs), "COZYGPU_WEBHOOK_PORT": str(port), **(overrides or {})})
     process = OperatorProcess(kubeconfig, directory / "operator.log", env=env).start()
     publish_endpoint(kube, release, namespace, address, port)
     return process

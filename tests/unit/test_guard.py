@@ -39,12 +39,14 @@ def _guard(
     unplaced: list[str] | None = None,
 ) -> tuple[ManagedResources, View, MemKube]:
     writer, view, kube = writer_with()
+    settled.clear()
+    scheduled.clear()
     for c in classes:
         view.apply(kinds.GPU_CLASS, kube.put(kinds.GPU_CLASS, c))
 
-    async def settle(resources: Collection[str]) -> list[str]:
+    async def settle(resources: Collection[str]) -> dict[str, frozenset[str]]:
         settled.append(sorted(resources))
-        return list(unplaced or [])
+        return {key: frozenset(resources) for key in unplaced or []}
 
     async def placed(key: str) -> bool:
         return key in scheduled
@@ -143,6 +145,32 @@ def test_a_pod_kept_unschedulable_keeps_a_class_waiting_no_longer_than_the_patie
 
     assert asyncio.run(run_until(guard.run, ready))
     assert list(guard._following) == ["mallory/forever"]  # still read again, one by one, until placed or gone
+
+
+def test_a_pod_waited_for_holds_back_only_the_classes_of_its_resource() -> None:
+    """One resource's unscheduled pod does not keep a class of another resource waiting."""
+    guard, view, kube = _guard(gpu_class("a10"), guarded=True)
+
+    async def settle(resources: Collection[str]) -> dict[str, frozenset[str]]:
+        return {"lab/early": frozenset({A10})} if A10 in resources else {}
+
+    guard._settle = settle
+    refusals: list[str] = []
+
+    def states() -> bool:
+        if not refusals and _published(kube) is not None:
+            kube.fail_next(_refused_by_policy(A10), method="create")
+            refusals.append(A10)
+        elif refusals == [A10] and _ready(view, "a10") == ("False", "AwaitingPods"):
+            view.apply(kinds.GPU_CLASS, kube.put(kinds.GPU_CLASS, gpu_class("l40s", L40S)))
+            refusals.append(L40S)
+        elif refusals == [A10, L40S] and kube.count("replace") > 0 and L40S in (_published(kube) or ""):
+            kube.fail_next(_refused_by_policy(L40S), method="create")
+            refusals.append("armed")
+        return _ready(view, "l40s") == ("True", "Guarded")
+
+    assert asyncio.run(run_until(guard.run, states))
+    assert _ready(view, "a10") == ("False", "AwaitingPods")
 
 
 def test_without_the_policy_no_class_is_probed_nor_marked() -> None:

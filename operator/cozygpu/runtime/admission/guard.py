@@ -48,7 +48,7 @@ NAMED = 5
 # How long a class waits for pods admitted before its guard to be scheduled; past it they are only followed.
 PATIENCE = 30.0
 
-Settle = Callable[[Collection[str]], Awaitable[list[str]]]
+Settle = Callable[[Collection[str]], Awaitable[dict[str, frozenset[str]]]]
 Placed = Callable[[str], Awaitable[bool]]
 
 
@@ -66,7 +66,8 @@ class ManagedResources:
         placed: Placed,
     ) -> None:
         """`settle` reads every pod on a node into the view and returns those asking for the resources that wait
-        for the scheduler; `placed` says of one of those whether it no longer waits (runtime.watching.podwatch)."""
+        for the scheduler, with the resources each asks for; `placed` says of one of those whether it no longer
+        waits (runtime.watching.podwatch)."""
         self._cluster = cluster
         self._kube = kube
         self._writer = writer
@@ -75,7 +76,8 @@ class ManagedResources:
         self._guarded = guarded
         self._settle = settle
         self._placed = placed
-        self._following: dict[str, float] = {}  # unscheduled pods admitted before a guard, since when
+        # Unscheduled pods admitted before a guard: since when, and which of the guarded resources they ask for.
+        self._following: dict[str, tuple[float, frozenset[str]]] = {}
         self._wake = asyncio.Event()
         self._written: dict[str, Any] | None = None
         # Resources the API server was seen guarding, their earlier pods settled, since they were last published.
@@ -133,23 +135,23 @@ class ManagedResources:
             # One look at every pod for what was admitted before the guard: those on a node go into the view now;
             # those still waiting for the scheduler are followed one by one (`_follow`).
             now = time.monotonic()
-            for key in await self._settle(refused):
-                self._following.setdefault(key, now)
+            for key, asks in (await self._settle(refused)).items():
+                self._following.setdefault(key, (now, asks))
             self._refusing |= refused
-        if self._refusing and not self._patience_left():
-            self._seen |= self._refusing
-            log.info("guard.enforced", resources=sorted(self._refusing), following=sorted(self._following)[:NAMED])
-            self._refusing = set()
+        if enforced := {r for r in self._refusing if not self._waited_for(r)}:
+            self._seen |= enforced
+            self._refusing -= enforced
+            log.info("guard.enforced", resources=sorted(enforced), following=sorted(self._following)[:NAMED])
         for cls in unready:
             await self._mark(cls)
         return bool(self._following) or any(c.spec.resource_name not in self._seen for c in unready)
 
-    def _patience_left(self) -> bool:
-        """Whether a followed pod is young enough to wait for: one the scheduler placed within PATIENCE is counted
-        before any class of its resource is ready; one it cannot place (a tenant's pod kept unschedulable) is only
-        followed, so it cannot keep a class from being ready."""
+    def _waited_for(self, resource: str) -> list[str]:
+        """The followed pods asking for `resource` young enough to wait for: one the scheduler places within
+        PATIENCE is counted before any class of the resource is ready; one it cannot place (a tenant's pod kept
+        unschedulable) is only followed, so it cannot keep a class from being ready."""
         now = time.monotonic()
-        return any(now - since < PATIENCE for since in self._following.values())
+        return sorted(k for k, (since, asks) in self._following.items() if resource in asks and now - since < PATIENCE)
 
     async def _follow(self) -> None:
         for key in sorted(self._following):
@@ -179,7 +181,7 @@ class ManagedResources:
             message = f"the no-bypass policy refuses pods that ask for {resource} behind the operator's back"
         elif resource in self._refusing:
             status, reason = ConditionStatus.FALSE, "AwaitingPods"
-            waiting = sorted(self._following)
+            waiting = self._waited_for(resource)
             more = f" and {len(waiting) - NAMED} more" if len(waiting) > NAMED else ""
             message = (
                 f"the no-bypass policy guards {resource} now; pods admitted before it wait for the scheduler "

@@ -100,21 +100,20 @@ class PodWatch:
             for part in (self._launchers.run(), self._scan_every(), self._recheck_every()):
                 group.create_task(part)
 
-    async def settle(self, resources: Collection[str]) -> list[str]:
+    async def settle(self, resources: Collection[str]) -> dict[str, frozenset[str]]:
         """§12.3, for the guard once the no-bypass policy is seen guarding `resources`: every pod on a node read into
         the view now (one scan, not waiting for the next), and the pods not yet on a node that ask for any of them,
-        as namespace/name. Those were admitted before the guard; until the scheduler has placed them, which units
-        they will take is unknown, so the guard waits for them."""
+        as namespace/name with the resources each asks for. Those were admitted before the guard; until the
+        scheduler has placed them, which units they will take is unknown."""
         await self._scan()
-        unplaced: list[str] = []
+        unplaced: dict[str, frozenset[str]] = {}
         after, wanted = "", set(resources)
         while True:
             items, _, after = await self._kube.list_page(kinds.POD, PAGE, after, field_selector=UNPLACED)
-            unplaced += [
-                f"{item['metadata'].get('namespace')}/{item['metadata'].get('name')}"
-                for item in items
-                if asked(item, wanted, lenient=True)
-            ]
+            for item in items:
+                if asks := asked(item, wanted, lenient=True):
+                    meta = item.get("metadata") or {}
+                    unplaced[f"{meta.get('namespace')}/{meta.get('name')}"] = frozenset(asks)
             if not after:
                 return unplaced
 
