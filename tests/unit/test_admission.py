@@ -9,6 +9,7 @@ from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions import admission, attach
 from cozygpu.decisions.admission import Member
+from cozygpu.decisions.outputs import DEVICE_PLUGIN
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 from tests.support.views import A10, EPOCH, L40S, cluster, device, gpu_class, node, request
@@ -209,16 +210,16 @@ def test_own_gpu_entries_are_found_and_ours_are_not() -> None:
             }
         }
     }
-    assert admission.own_gpu_entries(vmi, desired, {A10}) == ["gpus mine", "hostDevices hd", f"resources.limits {A10}"]
+    assert DEVICE_PLUGIN.foreign(vmi, desired, {A10}) == ["gpus mine", "hostDevices hd", f"resources.limits {A10}"]
     clean = {"spec": {"domain": {"devices": {"gpus": desired}}}}
-    assert admission.own_gpu_entries(clean, desired, {A10}) == []
+    assert DEVICE_PLUGIN.foreign(clean, desired, {A10}) == []
 
 
 def test_desired_gpus_are_one_per_unit_named_by_entry_and_unit() -> None:
     """§1.5: gpudev<i>-<j> with the class's resource name."""
     c = base()
     members = [member(c, device("d", count=2)), member(c, device("vm-gpu-1"), 1, template=True)]
-    assert admission.desired_gpus(members) == [
+    assert DEVICE_PLUGIN.entries(members) == [
         {"name": "gpudev0-0", "deviceName": A10},
         {"name": "gpudev0-1", "deviceName": A10},
         {"name": "gpudev1-0", "deviceName": A10},
@@ -231,7 +232,7 @@ def test_desired_gpus_are_one_per_unit_named_by_entry_and_unit() -> None:
 def test_pinning_adds_match_fields_to_every_required_term() -> None:
     """§3: every required node-affinity term gets metadata.name In [node]; none: one is created."""
     gpus = [{"name": "gpudev0-0", "deviceName": A10}]
-    bare = admission.pinned({"spec": {"domain": {}}}, gpus, "n1")
+    bare = DEVICE_PLUGIN.admitted({"spec": {"domain": {}}}, gpus, "n1")
     terms = bare["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]
@@ -244,7 +245,7 @@ def test_pinning_adds_match_fields_to_every_required_term() -> None:
             }
         }
     }
-    pinned = admission.pinned(two, gpus, "n1")
+    pinned = DEVICE_PLUGIN.admitted(two, gpus, "n1")
     for term in pinned["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
     ]:
@@ -256,8 +257,8 @@ def test_pinning_adds_match_fields_to_every_required_term() -> None:
 def test_pinning_is_idempotent() -> None:
     """A reinvocation that finds the pin and entries in place changes nothing."""
     gpus = [{"name": "gpudev0-0", "deviceName": A10}]
-    once = admission.pinned({"spec": {}}, gpus, "n1")
-    assert admission.pinned(once, gpus, "n1") == once
+    once = DEVICE_PLUGIN.admitted(admission.marked({"spec": {}}), gpus, "n1")
+    assert DEVICE_PLUGIN.admitted(admission.marked(once), gpus, "n1") == once
 
 
 def test_a_recent_succeeded_request_for_this_vmi_is_its_own_answer() -> None:
@@ -345,6 +346,6 @@ def test_malformed_gpu_fields_are_named_not_spelled_out_letter_by_letter() -> No
     vmi: dict[str, Any] = {
         "spec": {"domain": {"devices": {"gpus": "nvidia", "hostDevices": 3}, "resources": {"limits": "lots"}}}
     }
-    assert admission.own_gpu_entries(vmi, [], {A10}) == ["gpus (not a list)", "hostDevices (not a list)"]
+    assert DEVICE_PLUGIN.foreign(vmi, [], {A10}) == ["gpus (not a list)", "hostDevices (not a list)"]
     vmi["spec"]["domain"]["devices"] = {"gpus": [7, {"name": "g", "deviceName": A10}]}
-    assert admission.own_gpu_entries(vmi, [], {A10}) == ["gpus entry 0 (not an object)", "gpus g"]
+    assert DEVICE_PLUGIN.foreign(vmi, [], {A10}) == ["gpus entry 0 (not an object)", "gpus g"]

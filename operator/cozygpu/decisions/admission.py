@@ -25,14 +25,12 @@ from cozygpu.api.names import (
     LABEL_MODE,
     LABEL_TEMPLATE_DEVICE,
     TRUE,
-    gpu_entry_name,
     is_object_name,
     template_device_name,
 )
 from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.capacity import conflicts, held, matching_classes
-from cozygpu.decisions.pinning import pinned_spec
 from cozygpu.state.cluster import Cluster
 from cozygpu.state.nodes import node_selector_matches
 
@@ -228,48 +226,6 @@ def gpu_resource_names(cluster: Cluster, permitted: set[str] | None) -> set[str]
     return {c.spec.resource_name for c in cluster.classes.values()} | (permitted or set())
 
 
-def desired_gpus(members: Sequence[Member]) -> list[dict[str, str]]:
-    """One `gpus` entry per unit, named after the entry index so a reinvocation finds its own."""
-    return [
-        {"name": gpu_entry_name(m.index, j), "deviceName": m.cls.spec.resource_name}
-        for m in members
-        for j in range(m.device.spec.count)
-    ]
-
-
-def _dig(body: dict[str, Any], *path: str) -> Any:
-    node: Any = body
-    for key in path:
-        node = node.get(key) if isinstance(node, dict) else None
-    return node
-
-
-def own_gpu_entries(vmi: dict[str, Any], desired: Sequence[dict[str, str]], gpu_names: set[str]) -> list[str]:
-    """§3.8: GPU entries the VMI carries that this webhook would not add."""
-    ours = {e["name"]: e["deviceName"] for e in desired}
-    out = []
-    gpus, host_devices = (_dig(vmi, "spec", "domain", "devices", f) for f in ("gpus", "hostDevices"))
-    # What the API server would reject anyway is named as such, never iterated as if it were a list.
-    for field, value in (("gpus", gpus), ("hostDevices", host_devices)):
-        if value is not None and not isinstance(value, list):
-            out.append(f"{field} (not a list)")
-    for i, entry in enumerate(gpus if isinstance(gpus, list) else []):
-        if not isinstance(entry, dict):
-            out.append(f"gpus entry {i} (not an object)")
-            continue
-        name = entry.get("name", "")
-        if not (name in ours and entry.get("deviceName") == ours[name]):
-            out.append(f"gpus {name}")
-    for entry in host_devices if isinstance(host_devices, list) else []:
-        if isinstance(entry, dict) and entry.get("deviceName") in gpu_names:
-            out.append(f"hostDevices {entry.get('name', '')}")
-    for kind in ("requests", "limits"):
-        resources = _dig(vmi, "spec", "domain", "resources", kind)
-        if isinstance(resources, dict):
-            out += [f"resources.{kind} {k}" for k in sorted(resources) if k in gpu_names]
-    return out
-
-
 def orders(namespace: str, members: Sequence[Member]) -> dict[str, Order]:
     """§3.9: template devices that do not count against budgets yet, by device name, in entry order."""
     return {
@@ -303,16 +259,10 @@ def owner_vm(vmi: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def pinned(vmi: dict[str, Any], gpus: Sequence[dict[str, str]], node: str | None) -> dict[str, Any]:
-    """The VMI as admitted: its gpus are the set's entries, every required term names the node, and it carries
-    the webhook's mark (§12.3)."""
+def marked(vmi: dict[str, Any]) -> dict[str, Any]:
+    """A copy of the VMI carrying the webhook's mark, which the no-bypass policy asks of every labelled VMI (§12.3),
+    whatever output the set reaches its guest through."""
     out = copy.deepcopy(vmi)
     meta = out.setdefault("metadata", {})
     meta["annotations"] = {**(meta.get("annotations") or {}), ANNOTATION_ADMITTED: TRUE}
-    spec = out.setdefault("spec", {})
-    devices = spec.setdefault("domain", {}).setdefault("devices", {})
-    devices["gpus"] = [dict(e) for e in gpus]
-    if node is None:
-        return out
-    out["spec"] = pinned_spec(spec, node)
     return out

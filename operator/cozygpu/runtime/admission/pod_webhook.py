@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 
 from cozygpu.decisions import launchers
-from cozygpu.decisions.pinning import is_pinned, pinned_spec
+from cozygpu.decisions.outputs import DEVICE_PLUGIN, Output
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.webhook")
@@ -26,8 +26,16 @@ class PodRefused(Exception):
 
 
 class LauncherAdmission:
-    def __init__(self, cluster: Cluster, controller_user: str, exempt: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        controller_user: str,
+        exempt: frozenset[str] = frozenset(),
+        output: Output = DEVICE_PLUGIN,
+    ) -> None:
+        """`output`: what the set's node becomes on the launcher (decisions.outputs; the device plugin's pin)."""
         self._cluster = cluster
+        self._output = output
         self._controller_user = controller_user
         self._exempt = exempt  # namespaces §12 does not guard, by name (the operator's settings)
 
@@ -54,9 +62,6 @@ class LauncherAdmission:
             raise PodRefused(verdict.refusal)
         if verdict.node is None:
             return pod
-        spec = pod.get("spec") or {}
         ms = round((time.monotonic() - started) * 1000, 1)
         log.info("pod.pinned", node=verdict.node, duration_ms=ms, **fields)
-        if is_pinned(spec, verdict.node):
-            return pod
-        return {**pod, "spec": pinned_spec(spec, verdict.node)}
+        return self._output.launcher(pod, verdict.node)

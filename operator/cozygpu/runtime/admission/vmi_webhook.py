@@ -28,6 +28,7 @@ from cozygpu.api.names import FINALIZER_IN_USE, LABEL_DEVICE_REFERENCE, TRUE, te
 from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions import admission, attach, budgets, lifecycle
 from cozygpu.decisions.admission import Member
+from cozygpu.decisions.outputs import DEVICE_PLUGIN, Output
 from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.admission.calls import Turns, gather_bounded, gather_outcomes
 from cozygpu.runtime.admission.reservations import Reservations
@@ -76,8 +77,11 @@ class VMIAdmission:
         events: Recorder | None = None,
         calls_in_flight: int = 4,
         turns: Turns | None = None,
+        output: Output = DEVICE_PLUGIN,
     ) -> None:
+        """`output`: what the admitted set becomes on the VMI (decisions.outputs; the device plugin's entries)."""
         self._cluster = cluster
+        self._output = output
         self._waiters = waiters
         self._reservations = reservations
         self._bind_timeout = bind_timeout
@@ -148,8 +152,8 @@ class VMIAdmission:
         )
         if problem:
             raise Refusal(problem)
-        gpus = admission.desired_gpus(members)
-        own = admission.own_gpu_entries(vmi, gpus, admission.gpu_resource_names(self._cluster, self._permitted()))
+        gpus = self._output.entries(members)
+        own = self._output.foreign(vmi, gpus, admission.gpu_resource_names(self._cluster, self._permitted()))
         if own:
             raise Refusal("the VMI carries GPU entries of its own next to device references: " + ", ".join(own))
         orders = admission.orders(namespace, members)
@@ -160,7 +164,7 @@ class VMIAdmission:
             raise Refusal(refusal)
         if dry_run:
             node = attach.already_placed(members, name, utcnow())
-            return admission.pinned(vmi, gpus, node), node
+            return self._output.admitted(admission.marked(vmi), gpus, node), node
         with self._reservations.holding(namespace, orders):  # checked: counted by the next check until created
             node = await self._bind(namespace, name, members)
         moved = admission.gathered(members, node)
@@ -168,7 +172,7 @@ class VMIAdmission:
         if moved and vm is not None and self._events is not None:
             # The VM is what the tenant looks at; each device's own Moved Event says the same per device.
             self._events.post_about(vm, "GPUsGathered", f"GPUs gathered on node {node}: " + ", ".join(moved))
-        return admission.pinned(vmi, gpus, node), node
+        return self._output.admitted(admission.marked(vmi), gpus, node), node
 
     def _permitted(self) -> set[str] | None:
         return admission.permitted_resources(self._cluster)

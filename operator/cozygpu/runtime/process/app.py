@@ -26,6 +26,7 @@ import structlog
 
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
+from cozygpu.decisions.outputs import DEVICE_PLUGIN
 from cozygpu.kube.adapter import AsyncKube, Kube
 from cozygpu.runtime.admission.calls import Turns
 from cozygpu.runtime.admission.gate import Gate
@@ -109,6 +110,8 @@ class Operator:
             sweep_interval=settings.sweep_interval,
             read_vm=lambda ns, name: self.kube.get_or_none(kinds.VM, name, ns),
         )
+        # How an admitted set reaches its guest (decisions.outputs): a second output is chosen here, for both webhooks.
+        output = DEVICE_PLUGIN
         self.vmis = VMIAdmission(
             self.cluster,
             self.waiters,
@@ -122,6 +125,7 @@ class Operator:
             calls_in_flight=max(2, connections // 8),
             # Admissions take their API calls in turns by namespace, leaving a quarter of the pool to the workers.
             turns=Turns(max(1, connections * 3 // 4)),
+            output=output,
         )
         self.validation = Validation(
             self.cluster,
@@ -132,7 +136,9 @@ class Operator:
         )
         self.gate = Gate(
             self.vmis,
-            LauncherAdmission(self.cluster, settings.kubevirt_controller_user, frozenset(settings.exempt_namespaces)),
+            LauncherAdmission(
+                self.cluster, settings.kubevirt_controller_user, frozenset(settings.exempt_namespaces), output
+            ),
             self.validation,
             self.metrics,
             synced=lambda: self.synced,
