@@ -253,3 +253,19 @@ def test_a_write_the_api_refused_is_not_taken_as_written_and_is_made_at_the_next
 
     assert asyncio.run(run_until(guard.run, written))
     assert kube.count("create") == 2
+
+
+def test_a_parameter_the_api_server_does_not_take_up_is_named_with_its_remedy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Probes still allowed long after the parameter named the resource: the API server stopped following it (the
+    binding was gone a moment, kubernetes/kubernetes#130887); the class says so, and what to do."""
+    monkeypatch.setattr(guard_module, "STALE_AFTER", 0.3)
+    guard, view, _ = _guard(gpu_class("a10"), guarded=True)
+
+    def named() -> bool:
+        cls = view.cluster.classes["a10"]
+        return any("restart the API servers" in c.message for c in cls.status.conditions)
+
+    assert asyncio.run(run_until(guard.run, named))
+    assert _ready(view, "a10") == ("False", "AwaitingGuard")

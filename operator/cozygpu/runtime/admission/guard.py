@@ -47,6 +47,9 @@ PROBE_MOST = 5.0
 NAMED = 5
 # How long a class waits for pods admitted before its guard to be scheduled; past it they are only followed.
 PATIENCE = 30.0
+# A probe still allowed this long after the parameter named its resource: the API server no longer follows the
+# parameter. It stops for good once the binding was gone even a moment (kubernetes/kubernetes#130887).
+STALE_AFTER = 30.0
 
 Settle = Callable[[Collection[str]], Awaitable[dict[str, frozenset[str]]]]
 Placed = Callable[[str], Awaitable[bool]]
@@ -83,6 +86,7 @@ class ManagedResources:
         # Resources the API server was seen guarding, their earlier pods settled, since they were last published.
         self._seen: set[str] = set()
         self._refusing: set[str] = set()  # seen refused, their earlier pods not all scheduled yet
+        self._allowed_since: dict[str, float] = {}  # resources whose probe the API server still allows, since when
 
     def changed(self, change: Change) -> None:
         """A class came, went or changed: the list may differ now, and the class may wait to be ready."""
@@ -119,6 +123,7 @@ class ManagedResources:
         self._written = wanted
         self._seen &= _resources(wanted)
         self._refusing &= _resources(wanted)
+        self._allowed_since = {r: t for r, t in self._allowed_since.items() if r in _resources(wanted)}
         log.info("guard.published", namespace=self._namespace, resources=wanted["data"])
 
     async def _ready_classes(self) -> bool:
@@ -131,7 +136,16 @@ class ManagedResources:
             return bool(self._following)
         published = _resources(self._written) if self._written is not None else set()
         new = {c.spec.resource_name for c in unready} & published - self._seen
-        if refused := {r for r in sorted(new - self._refusing) if await self._probe(r)}:
+        probed = {r: await self._probe(r) for r in sorted(new - self._refusing)}
+        now = time.monotonic()
+        for resource, refused_now in probed.items():
+            if refused_now:
+                self._allowed_since.pop(resource, None)
+            elif now - self._allowed_since.setdefault(resource, now) >= STALE_AFTER:
+                log.warning(
+                    "guard.parameter_stale", resource=resource, seconds=round(now - self._allowed_since[resource])
+                )
+        if refused := {r for r, refused_now in probed.items() if refused_now}:
             # One look at every pod for what was admitted before the guard: those on a node go into the view now;
             # those still waiting for the scheduler are followed one by one (`_follow`).
             now = time.monotonic()
@@ -192,6 +206,13 @@ class ManagedResources:
             message = (
                 f"devices of the class take units once the API server is seen refusing pods that ask for {resource}"
             )
+            since = self._allowed_since.get(resource)
+            if since is not None and time.monotonic() - since >= STALE_AFTER:
+                message += (
+                    f"; for {STALE_AFTER:.0f} s the API server has not taken up the policy's parameter, which it stops"
+                    " following for good once the policy's binding was gone even a moment (helm uninstall, the policy"
+                    " turned off and on; kubernetes/kubernetes#130887): restart the API servers"
+                )
         before = next((c for c in cls.status.conditions if c.type == CONDITION_READY), None)
         if before is not None and (before.status, before.reason, before.message, before.observed_generation) == (
             status,
