@@ -12,8 +12,9 @@ from cozygpu.api import kinds
 from cozygpu.api.meta import now
 from cozygpu.decisions.budgets import Order
 from cozygpu.kube.adapter import AsyncKube
+from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
-from cozygpu.runtime.admission.validation import Denied, Validation
+from cozygpu.runtime.admission.validation import Validation
 from cozygpu.runtime.ledger import CONFIG_MAP, NAME, SETTLE, Ledger
 from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.binder import Binder
@@ -57,7 +58,7 @@ def _held(replica: Validation, name: str) -> bool:
     async def create() -> bool:
         try:
             await replica.device("CREATE", created(name), None, USER, False, review=f"review-{name}")
-        except Denied:
+        except Refusal:
             return False
         return True
 

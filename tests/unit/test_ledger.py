@@ -13,8 +13,9 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.decisions.budgets import Order
 from cozygpu.kube.adapter import ApiError, AsyncKube, Conflict
+from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
-from cozygpu.runtime.admission.validation import Denied, Validation
+from cozygpu.runtime.admission.validation import Validation
 from cozygpu.runtime.ledger import CONFIG_MAP, HELD_BYTES, HELD_MAX, NAME, Busy, Entry, Ledger, _key, _size, _value
 from cozygpu.runtime.view import View
 from tests.support.memkube import MemKube
@@ -40,7 +41,7 @@ def _replica(kube: MemKube, *, ledger: bool = True) -> Validation:
 async def _create(replica: Validation, name: str, review: str) -> bool:
     try:
         await replica.device("CREATE", created(name), None, USER, False, review=review)
-    except Denied:
+    except Refusal:
         return False
     return True
 
@@ -162,7 +163,7 @@ def test_a_budget_over_two_namespaces_holds_when_each_replica_admits_in_another(
 async def _create_in(replica: Validation, namespace: str, name: str, review: str) -> bool:
     try:
         await replica.device("CREATE", created(name, namespace=namespace), None, USER, False, review=review)
-    except Denied:
+    except Refusal:
         return False
     return True
 
@@ -183,7 +184,7 @@ def _replica_of(kube: MemKube, limit: int) -> tuple[Validation, View]:
 async def _create_as(replica: Validation, name: str, count: int, uid: str) -> bool:
     try:
         await replica.device("CREATE", created(name, count=count, uid=uid), None, USER, False, review=f"r-{uid}")
-    except Denied:
+    except Refusal:
         return False
     return True
 
@@ -255,7 +256,7 @@ def test_a_tenants_burst_of_creates_does_not_queue_another_tenants_create_behind
     async def create(namespace: str, name: str) -> bool:
         try:
             await replica.device("CREATE", created(name, namespace=namespace), None, USER, False, review=name)
-        except Denied:
+        except Refusal:
             return False
         finally:
             if namespace == "t2":
@@ -288,7 +289,7 @@ def _two_tenants(kube: MemKube) -> Validation:
 async def _outcome(replica: Validation, namespace: str, name: str) -> str:
     try:
         await replica.device("CREATE", created(name, namespace=namespace), None, USER, False, review=name)
-    except Denied as e:
+    except Refusal as e:
         return f"denied: {e}"
     except Exception:
         return "error"

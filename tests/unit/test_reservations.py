@@ -10,8 +10,9 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
 from cozygpu.decisions.budgets import Order
+from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
-from cozygpu.runtime.admission.validation import Denied, Validation
+from cozygpu.runtime.admission.validation import Validation
 from cozygpu.runtime.writes import Writer
 from tests.support.views import A10, budget, cluster, created, device, gpu_class, node
 from tests.support.writing import writer
@@ -23,7 +24,7 @@ def create(v: Validation, name: str, count: int, class_name: str = "a10") -> str
     """The GPUDevice webhook's answer to a create: None when admitted, else the denial."""
     try:
         asyncio.run(v.device("CREATE", created(name, class_name, count=count), None, TENANT, dry_run=False))
-    except Denied as e:
+    except Refusal as e:
         return str(e)
     return None
 

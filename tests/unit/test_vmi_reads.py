@@ -14,8 +14,9 @@ from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.kube.adapter import ApiError
+from cozygpu.runtime.admission.outcomes import InternalError, Refusal
 from cozygpu.runtime.admission.reservations import Reservations
-from cozygpu.runtime.admission.vmi_webhook import InternalError, Refusal, VMIAdmission
+from cozygpu.runtime.admission.vmi_webhook import VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
 from tests.support.memkube import MemKube
 from tests.support.views import A10, gpu_class, node

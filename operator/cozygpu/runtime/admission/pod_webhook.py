@@ -16,13 +16,10 @@ import structlog
 
 from cozygpu.decisions import launchers
 from cozygpu.decisions.outputs import DEVICE_PLUGIN, Output
+from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.webhook")
-
-
-class PodRefused(Exception):
-    """A denial KubeVirt records on the VMI and retries."""
 
 
 class LauncherAdmission:
@@ -40,7 +37,7 @@ class LauncherAdmission:
         self._exempt = exempt  # namespaces §12 does not guard, by name (the operator's settings)
 
     def admit(self, pod: dict[str, Any], user: str) -> dict[str, Any]:
-        """The pod as admitted: untouched, or pinned to its set's node; raises PodRefused."""
+        """The pod as admitted: untouched, or pinned to its set's node; raises Refusal."""
         started = time.monotonic()
         meta = pod.get("metadata") or {}
         namespace = meta.get("namespace") or ""
@@ -59,7 +56,7 @@ class LauncherAdmission:
         fields = {"namespace": namespace, "pod": meta.get("name") or meta.get("generateName"), "vmi": vmi}
         if verdict.refusal is not None:
             log.info("pod.refused", reason=verdict.refusal, user=user, **fields)
-            raise PodRefused(verdict.refusal)
+            raise Refusal(verdict.refusal)
         if verdict.node is None:
             return pod
         ms = round((time.monotonic() - started) * 1000, 1)

@@ -17,15 +17,12 @@ from cozygpu.api import GPUBudget, GPUClass, GPUDevice, kinds
 from cozygpu.api.kinds import Kind
 from cozygpu.decisions import validation
 from cozygpu.decisions.budgets import Order
+from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.ledger import Ledger
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.webhook")
-
-
-class Denied(Exception):
-    pass
 
 
 class Validation:
@@ -149,4 +146,4 @@ class Validation:
             return
         meta = body.get("metadata", {})
         log.info(f"{kind}.refused", namespace=meta.get("namespace"), name=meta.get("name"), reason=problem)
-        raise Denied(problem)
+        raise Refusal(problem)

@@ -31,6 +31,7 @@ from cozygpu.decisions.admission import Member
 from cozygpu.decisions.outputs import DEVICE_PLUGIN, Output
 from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.admission.calls import Turns, gather_bounded, gather_outcomes
+from cozygpu.runtime.admission.outcomes import InternalError, Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.waiters import Waiters
 from cozygpu.runtime.events import Recorder
@@ -42,14 +43,6 @@ log = structlog.get_logger("cozygpu.webhook")
 P = ParamSpec("P")
 Body = dict[str, Any]
 UNDO_TIMEOUT = 5.0  # seconds an undo may take before the refusal is answered; the collector has the rest
-
-
-class Refusal(Exception):
-    """A denial the tenant reads: which object, which rule."""
-
-
-class InternalError(Exception):
-    """The API failed us; the webhook fails closed with an error, not a denial."""
 
 
 @dataclass
