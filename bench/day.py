@@ -2,9 +2,9 @@
 
 Prints figures; asserts nothing (these machines are shared and noisy). In memory and seeded: the real
 binder (runtime.workers.binder, its mover and its one writer) decides against the in-memory API of the
-unit tests (tests/support/memkube.py), and the view hears of every write as the writer puts it in, as
-in tests/unit/test_binder.py. What tenants do is drawn from the seed alone, before either run, so both
-runs play the very same events; only the binder's `idle_moves` differs (0, then the default setting).
+unit tests (tests/support/memkube.py), and the view hears of every write as the writer puts it in, as in
+tests/unit/runtime/workers/binder/test_binder.py. What tenants do is drawn from the seed alone, before either run,
+so both runs play the very same events; only the binder's `idle_moves` differs (0, then the default setting).
 One day at each `--held` level: 85% (the binder's best fit, §5.3, keeps whole nodes free there: the
 bench shows it) and 95%, where fragmentation leaves 8-GPU orders without a whole node.
 
@@ -44,7 +44,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' in-memory API (tests/support)
 
@@ -53,7 +53,6 @@ from tests.support.memkube import MemKube
 from cozygpu import logs
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.names import API_VERSION
-from cozygpu.kube.adapter import AsyncKube
 from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.binder import Binder
 from cozygpu.runtime.writes import Writer
@@ -145,7 +144,7 @@ class Day:
         settings = Settings()
         self.kube = MemKube()
         self.view = View(Cluster())
-        writer = Writer(self.view, cast(AsyncKube, self.kube))
+        writer = Writer(self.view, self.kube)
         self.nodes = nodes
         for n in range(nodes):
             self.view.apply(

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def operator(operator_kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The operator without webhooks, with the default bound on idle moves per decision; a device may move as soon
-    as it is idle (the wait before is a unit test's: tests/unit/test_binder_idle_moves.py)."""
+    as it is idle (the wait before is a unit test's: tests/unit/runtime/workers/binder/test_binder_idle_moves.py)."""
     process = start_operator(
         operator_kubeconfig, tmp_path_factory.mktemp("idle-moves"), "--no-webhooks", "--idle-move-after", "0"
     )

@@ -172,7 +172,7 @@ def test_fuzzed_annotations_are_denials_never_errors(
 
 def _faults(text: str) -> list[str]:
     """What a refusal of `text` in an empty namespace must say: the annotation and the entry and field at fault,
-    as §3.2's parser words it (tests/unit/test_references.py holds it to the spec); for valid references, each
+    as §3.2's parser words it (tests/unit/api/test_references.py holds it to the spec); for valid references, each
     GPUDevice (§3.3) or deviceTemplate's GPUClass (§3.4) that does not exist."""
     try:
         refs = references.parse({ANNOTATION_DEVICES: text})

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.kube.adapter import AsyncKube, Kube
+from cozygpu.kube.adapter import Kube, ThreadedKube
 from cozygpu.runtime.view import View
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
@@ -31,7 +31,7 @@ def writer(kube: Kube) -> tuple[Writer, View]:
     # A killed --dev operator may have left its webhooks: nothing here goes through them.
     unregister_webhooks(kube)
     view = View(Cluster())
-    return Writer(view, AsyncKube(kube, workers=2)), view
+    return Writer(view, ThreadedKube(kube, workers=2)), view
 
 
 def _newer(body: dict[str, Any]) -> dict[str, Any]:

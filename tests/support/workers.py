@@ -5,10 +5,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, cast
+from typing import Any
 
 from cozygpu.api import kinds
-from cozygpu.kube.adapter import AsyncKube
 from cozygpu.runtime.events import Recorder
 from tests.support.memkube import MemKube
 
@@ -62,7 +61,7 @@ def beside(worker: Callable[[], Coroutine[Any, Any, None]], scenario: Callable[[
 
 
 def recorder(kube: MemKube) -> Recorder:
-    return Recorder(cast(AsyncKube, kube))
+    return Recorder(kube)
 
 
 async def posted(kube: MemKube, namespace: str, reason: str) -> int:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
-from cozygpu.kube.adapter import AsyncKube
 from cozygpu.runtime.view import View
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
@@ -25,7 +24,7 @@ def writer(
     kw: dict[str, Any] = {"clock": clock} if clock is not None else {}
     view = View(Cluster(**kw) if tombstones is None else Cluster(tombstones, **kw))
     # MemKube answers the calls the writer makes; the real adapter is the integration tiers' (§11).
-    return Writer(view, cast(AsyncKube, kube), crash_at=crash_at), view, kube
+    return Writer(view, kube, crash_at=crash_at), view, kube
 
 
 def device(name: str = "d", *, finalizers: list[str] | None = None) -> Body:

@@ -1,9 +1,12 @@
 """pykube-ng behind one small surface: get, list, watch, create, replace, patch, delete.
 
 Callers: the dev control plane and test helpers (synchronously, `Kube`) and the
-operator's executors (`AsyncKube`, each call in a worker thread; a watch streams in
-a thread of its own). API failures come out as `ApiError` subclasses that say which
-object and why.
+operator's executors (typed against the protocol `AsyncKube`; `ThreadedKube` runs each
+call in a worker thread, and a watch streams in a thread of its own). API failures come
+out as `ApiError` subclasses that say which object and why.
+
+Why one module: the calls, their async protocol and its threaded form are one surface,
+spelled once per call; the import contract that only the adapter talks to pykube names it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import threading
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 import pykube
 import pykube.http
@@ -279,8 +282,68 @@ class Kube:
 _END = object()
 
 
-class AsyncKube:
-    """The same calls as `Kube`, each run in a worker thread of its own pool.
+class AsyncKube(Protocol):
+    """The API as the operator's async code calls it: what its workers, webhooks, informers and writer are given.
+
+    `ThreadedKube` is the real one; the unit tests' in-memory API (tests/support/memkube.py) is another, checked
+    against this protocol by mypy."""
+
+    async def get(self, kind: Kind, name: str, namespace: str | None = None) -> Body: ...
+
+    async def get_or_none(self, kind: Kind, name: str, namespace: str | None = None) -> Body | None: ...
+
+    async def create(self, kind: Kind, body: Body, *, dry_run: bool = False) -> Body: ...
+
+    async def replace_status(self, kind: Kind, body: Body) -> Body: ...
+
+    async def replace(self, kind: Kind, body: Body) -> Body: ...
+
+    async def patch(
+        self,
+        kind: Kind,
+        name: str,
+        patch: Any,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+        patch_type: str = "merge",
+    ) -> Body: ...
+
+    async def delete(
+        self,
+        kind: Kind,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+    ) -> bool: ...
+
+    async def list_versioned(self, kind: Kind) -> tuple[list[Body], str]: ...
+
+    async def list_page(
+        self, kind: Kind, limit: int, after: str = "", *, label_selector: str = "", field_selector: str = ""
+    ) -> tuple[list[Body], str, str]: ...
+
+    def watch(
+        self,
+        kind: Kind,
+        resource_version: str,
+        *,
+        label_selector: str = "",
+        field_selector: str = "",
+        timeout: int = 240,
+    ) -> AsyncIterator[tuple[str, Body]]: ...
+
+    async def list(self, kind: Kind, namespace: str | None = None) -> list[Body]: ...
+
+    async def put_object(self, kind: Kind, body: Body) -> Body: ...
+
+    def close(self) -> None: ...
+
+
+class ThreadedKube:
+    """`AsyncKube` over `Kube`: the same calls, each run in a worker thread of its own pool.
 
     The pool bounds how many API calls are in flight at once (asyncio's default executor would
     allow min(32, cores + 4)); the client keeps as many connections open, so each call reuses one."""

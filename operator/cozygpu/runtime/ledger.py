@@ -6,7 +6,7 @@ not see another's. So every order under a budget is also written into one Config
 operator's namespace, under the resourceVersion its writer read: two writers on the same
 version cannot both land, and the loser reads again and decides with the winner's order
 counted. One object for every namespace, since a budget's selector can cover several. Called
-by runtime.admission.validation (held creates) and runtime.workers.orders (the binder's).
+by runtime.admission.validation (held creates) and runtime.workers.binder.confirmations (the binder's).
 
 A process writes the ledger one write at a time: the orders of one moment, from every tenant and
 from the binder, share one read and one write (group commit), so a tenant's burst of creates

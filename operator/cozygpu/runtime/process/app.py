@@ -27,7 +27,7 @@ import structlog
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
 from cozygpu.decisions.outputs import DEVICE_PLUGIN
-from cozygpu.kube.adapter import AsyncKube, Kube
+from cozygpu.kube.adapter import Kube, ThreadedKube
 from cozygpu.runtime.admission.calls import Turns
 from cozygpu.runtime.admission.gate import Gate
 from cozygpu.runtime.admission.guard import ManagedResources
@@ -68,7 +68,7 @@ class Operator:
             if settings.kubeconfig
             else Kube.in_cluster(connections=connections)
         )
-        self.kube = AsyncKube(sync, workers=connections)
+        self.kube = ThreadedKube(sync, workers=connections)
         self.cluster = Cluster()
         self.view = View(self.cluster)
         self.writer = Writer(self.view, self.kube, crash_at=settings.crash_at_write)

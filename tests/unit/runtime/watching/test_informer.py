@@ -7,12 +7,12 @@ there: which lists and watches it made, from which resourceVersion (issue 20 ite
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.kube.adapter import ApiError, AsyncKube
+from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.view import View
 from cozygpu.runtime.watching import informer as informer_module
 from cozygpu.runtime.watching.informer import Informer
@@ -27,7 +27,7 @@ Body = dict[str, Any]
 
 def _informer() -> tuple[Informer, View, MemKube]:
     kube, view = MemKube(), View(Cluster())
-    return Informer(view, cast(AsyncKube, kube), kinds.GPU_DEVICE, timeout=240), view, kube
+    return Informer(view, kube, kinds.GPU_DEVICE, timeout=240), view, kube
 
 
 def _held(view: View, name: str) -> bool:

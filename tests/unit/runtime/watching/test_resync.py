@@ -7,10 +7,9 @@ and a list the API fails is tried again at the next interval (issue 20 item 7).
 from __future__ import annotations
 
 import asyncio
-from typing import cast
 
 from cozygpu.api import kinds
-from cozygpu.kube.adapter import ApiError, AsyncKube
+from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.view import View
 from cozygpu.runtime.watching.informer import Informer
 from cozygpu.runtime.watching.resync import Resync
@@ -23,7 +22,7 @@ from tests.support.writing import NS, device
 
 def _resync() -> tuple[Resync, View, MemKube]:
     kube, view = MemKube(), View(Cluster())
-    informers = [Informer(view, cast(AsyncKube, kube), k, timeout=240) for k in (kinds.NODE, kinds.GPU_DEVICE)]
+    informers = [Informer(view, kube, k, timeout=240) for k in (kinds.NODE, kinds.GPU_DEVICE)]
     kube.put(kinds.NODE, node("n1", {A10: 1}))
     kube.put(kinds.NODE, node("n2", {A10: 1}))
     kube.put(kinds.GPU_DEVICE, device("d1"))

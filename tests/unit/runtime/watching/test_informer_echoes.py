@@ -4,12 +4,11 @@ and every deletion, still goes in (§6.4)."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from cozygpu.api import GPUDevice, kinds
-from cozygpu.kube.adapter import AsyncKube
 from cozygpu.runtime.view import View
 from cozygpu.runtime.watching.informer import Informer
 from cozygpu.state.cluster import Change, Cluster
@@ -31,7 +30,7 @@ def _setup(monkeypatch: pytest.MonkeyPatch) -> tuple[Informer, View, MemKube, li
     monkeypatch.setattr(GPUDevice, "from_wire", staticmethod(counting))
     heard: list[Change] = []
     view.subscribe(heard.append, kinds.GPU_DEVICE)
-    return Informer(view, cast(AsyncKube, kube), kinds.GPU_DEVICE, timeout=240), view, kube, parsed, heard
+    return Informer(view, kube, kinds.GPU_DEVICE, timeout=240), view, kube, parsed, heard
 
 
 def test_the_echo_of_a_version_the_view_holds_is_not_parsed_again(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,9 +5,8 @@ item 6). The in-memory API answers the two reviews: a token is valid and allowed
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import Any
 
-from cozygpu.kube.adapter import AsyncKube
 from cozygpu.runtime.process.metrics_auth import MetricsGuard
 from tests.support.memkube import MemKube
 
@@ -39,7 +38,7 @@ def test_a_stream_of_made_up_tokens_keeps_neither_the_scrapers_answer_nor_its_ch
     _reviewing(kube, stalled)
 
     async def scenario() -> tuple[int, int, int]:
-        guard = MetricsGuard(cast(AsyncKube, kube), remembered=8, keep_for=0.2)
+        guard = MetricsGuard(kube, remembered=8, keep_for=0.2)
         first = (await guard.check("Bearer good-scraper")).status
         stalled.set()
         for i in range(20):  # answered at once: 401, each kept, evicting older answers

@@ -4,10 +4,9 @@ not every tenant's (issue 34 item 6)."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, cast
+from typing import Any
 
 from cozygpu.api import kinds
-from cozygpu.kube.adapter import AsyncKube
 from cozygpu.runtime.events import Recorder
 from tests.support.memkube import MemKube
 
@@ -32,7 +31,7 @@ def test_one_namespaces_burst_fills_only_its_share_of_the_queue() -> None:
     kube.create = slow  # type: ignore[method-assign]
 
     async def scenario() -> tuple[int, list[str]]:
-        recorder = Recorder(cast(AsyncKube, kube), posters=1, queued=100, share=10)
+        recorder = Recorder(kube, posters=1, queued=100, share=10)
         for i in range(500):
             recorder.post_about(_ref("mallory", f"d{i}"), "Failed", "no node")
         recorder.post_about(_ref("victim", "mine"), "Bound", "bound on node n1")

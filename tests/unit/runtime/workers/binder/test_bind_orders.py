@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import re
-from typing import Any, cast
+from typing import Any
 
 from cozygpu.api import kinds
 from cozygpu.api.meta import now
 from cozygpu.decisions.budgets import Order
-from cozygpu.kube.adapter import AsyncKube
 from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Validation
@@ -35,7 +34,7 @@ def _leader(*, ledger: bool = True) -> tuple[Binder, View, MemKube]:
     view.apply(kinds.NODE, node("n1", {A10: 8}))
     view.apply(kinds.GPU_CLASS, gpu_class("a10"))
     view.apply(kinds.GPU_BUDGET, budget("cap", namespace=NS, limits={"a10": LIMIT}))
-    shared = Ledger(cast(AsyncKube, kube), OPS, 30, view.cluster) if ledger else None
+    shared = Ledger(kube, OPS, 30, view.cluster) if ledger else None
     binder = Binder(view.cluster, w, incomplete_after=30, concurrency=8, ledger=shared)
     view.subscribe(binder.changed)
     return binder, view, kube
@@ -49,9 +48,7 @@ def _replica(kube: MemKube) -> Validation:
         budgets=[budget("cap", namespace=NS, limits={"a10": LIMIT})],
     )
     reservations = Reservations(ttl=30)
-    return Validation(
-        view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device)
-    )
+    return Validation(view, reservations, ledger=Ledger(kube, OPS, 30, view, mine=reservations.holds_device))
 
 
 def _held(replica: Validation, name: str) -> bool:
@@ -167,7 +164,7 @@ def test_an_entry_stays_until_every_replica_has_had_time_to_see_it() -> None:
     kube = MemKube()
     view = cluster(classes=[gpu_class("a10")], budgets=[budget("cap", namespace=NS, limits={"a10": 8})])
     clock = [1000.0]
-    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view, clock=lambda: clock[0])
+    ledger = Ledger(kube, OPS, 30, view, clock=lambda: clock[0])
 
     def record(name: str) -> list[str]:
         asyncio.run(ledger.admit(Order(NS, "a10", 1, name), name, f"uid-{NS}-{name}", lambda others: None))
@@ -189,7 +186,7 @@ def test_a_ledger_key_stays_a_valid_configmap_key_however_long_the_name() -> Non
     kube = MemKube()
     long_ns, long_name = "n" * 63, "d" * 253
     view = cluster(classes=[gpu_class("a10")], budgets=[budget("cap", namespace=long_ns, limits={"a10": 8})])
-    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view)
+    ledger = Ledger(kube, OPS, 30, view)
     asyncio.run(ledger.admit(Order(long_ns, "a10", 1, long_name), long_name, "u1", lambda others: None))
     asyncio.run(ledger.admit(Order(NS, "a10", 1, "short"), "short", "u2", lambda others: None))
     data = (kube.stored(CONFIG_MAP, NAME, OPS) or {}).get("data") or {}

@@ -34,7 +34,7 @@ def _replica(kube: MemKube, *, ledger: bool = True) -> Validation:
         budgets=[budget("cap", namespace="t1", limits={"a10": 2})],
     )
     reservations = Reservations(ttl=30)
-    shared = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device) if ledger else None
+    shared = Ledger(kube, OPS, 30, view, mine=reservations.holds_device) if ledger else None
     return Validation(view, reservations, ledger=shared)
 
 
@@ -110,9 +110,7 @@ def test_an_order_the_view_has_seen_is_counted_once() -> None:
         nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], budgets=[cap], devices=[device("a", phase="Pending")]
     )
     reservations = Reservations(ttl=30)
-    b = Validation(
-        view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device)
-    )
+    b = Validation(view, reservations, ledger=Ledger(kube, OPS, 30, view, mine=reservations.holds_device))
     assert asyncio.run(_create(b, "b", "r2"))
     assert not asyncio.run(_create(b, "c", "r3"))
 
@@ -121,7 +119,7 @@ def test_a_ledger_that_never_gets_a_turn_fails_closed() -> None:
     """Every write conflicting (another replica always first): the admission is not admitted, it errs (the API
     server fails closed and the tenant retries)."""
     kube = MemKube()
-    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, cluster())
+    ledger = Ledger(kube, OPS, 30, cluster())
 
     for _ in range(25):
         kube.fail_next(Conflict(409, "Conflict", "someone wrote first"), method="create")
@@ -143,9 +141,7 @@ def test_a_budget_over_two_namespaces_holds_when_each_replica_admits_in_another(
             namespaces={"t1": {"org": "x"}, "t2": {"org": "x"}},
         )
         reservations = Reservations(ttl=30)
-        return Validation(
-            view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device)
-        )
+        return Validation(view, reservations, ledger=Ledger(kube, OPS, 30, view, mine=reservations.holds_device))
 
     a, b = replica(), replica()
 
@@ -176,9 +172,9 @@ def _replica_of(kube: MemKube, limit: int) -> tuple[Validation, View]:
         budgets=[budget("cap", namespace="t1", limits={"a10": limit})],
     )
     reservations = Reservations(ttl=30)
-    return Validation(
-        view, reservations, ledger=Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device)
-    ), View(view)
+    return Validation(view, reservations, ledger=Ledger(kube, OPS, 30, view, mine=reservations.holds_device)), View(
+        view
+    )
 
 
 async def _create_as(replica: Validation, name: str, count: int, uid: str) -> bool:
@@ -315,7 +311,7 @@ def test_a_moment_of_many_orders_lets_the_event_loop_serve_others() -> None:
     """§14.3: a burst's moment decides its orders in turns, yielding to the loop, so other tenants' admissions,
     the binder and the watches run meanwhile (the loop was blocked for the whole moment)."""
     kube = MemKube()
-    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, cluster(classes=[gpu_class("a10")]))
+    ledger = Ledger(kube, OPS, 30, cluster(classes=[gpu_class("a10")]))
     log: list[str] = []
 
     def decide(i: int) -> Any:
@@ -410,7 +406,7 @@ def test_one_namespace_flooding_the_ledger_is_refused_before_it_fills_and_anothe
         ],
     )
     reservations = Reservations(ttl=30)
-    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device, held_bytes=4096)
+    ledger = Ledger(kube, OPS, 30, view, mine=reservations.holds_device, held_bytes=4096)
     replica = Validation(view, reservations, ledger=ledger)
 
     async def run() -> tuple[list[str], str]:
@@ -437,7 +433,7 @@ def test_held_orders_never_take_the_ledger_past_its_most_however_many_namespaces
         budgets=[budget(f"b{i}", namespace=f"t{i}", limits={"a10": 1000}) for i in range(251)],
     )
     reservations = Reservations(ttl=30)
-    ledger = Ledger(cast(AsyncKube, kube), OPS, 30, view, mine=reservations.holds_device, held_bytes=16384)
+    ledger = Ledger(kube, OPS, 30, view, mine=reservations.holds_device, held_bytes=16384)
     replica = Validation(view, reservations, ledger=ledger)
 
     async def run() -> tuple[list[str], list[str]]:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from cozygpu.api import kinds
 from cozygpu.api.names import CONDITION_READY
-from cozygpu.kube.adapter import ApiError, AsyncKube
+from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.admission import guard as guard_module
 from cozygpu.runtime.admission.guard import CONFIG_MAP, ManagedResources
 from cozygpu.runtime.admission.policy import MANAGED_RESOURCES, NAME, PROBE_GUARDED, RESOURCES_KEY
@@ -53,7 +53,7 @@ def _guard(
 
     guard = ManagedResources(
         view.cluster,
-        cast(AsyncKube, kube),
+        kube,
         writer,
         OPS,
         interval=interval,
