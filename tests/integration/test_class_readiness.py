@@ -109,8 +109,9 @@ def test_a_held_device_waits_until_the_api_server_guards_its_class(
             )
             assert waiting.get("phase") == "Pending" and not waiting.get("nodeName")
             assert gpu.resource in waiting["message"]
-            condition = ready_of(kube, gpu.cls)
-            assert condition is not None and (condition["status"], condition["reason"]) == ("False", "AwaitingGuard")
+            # The binder says why at once; the guard writes the class's condition once its first probe is allowed.
+            condition = wait_for("the class not ready", lambda: ready_of(kube, gpu.cls))
+            assert (condition["status"], condition["reason"]) == ("False", "AwaitingGuard")
         wait_for("the class Ready", lambda: (c := ready_of(kube, gpu.cls)) is not None and c["status"] == "True")
         assert ready_of(kube, gpu.cls)["reason"] == "Guarded"  # type: ignore[index]
         wait_for("held bound", lambda: device_status(kube, "held", namespace).get("phase") == "Bound")

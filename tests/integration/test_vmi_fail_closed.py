@@ -141,7 +141,9 @@ def test_an_api_failure_in_the_middle_of_a_bind_undoes_the_calls_writes(
     with operator_with(control_plane, tmp_path, rules_with_status_writes_only_for(["h"])):
         accounted(kube, gpu_node({gpu.resource: 2}, name=f"half-{gpu.cls}"))
         kube.create(kinds.GPU_DEVICE, gpu_device_body("h", namespace, gpu.cls))
-        wait_for("h bound", lambda: kube.get(kinds.GPU_DEVICE, "h", namespace).get("status", {}).get("phase"))
+        wait_for(
+            "h bound", lambda: kube.get(kinds.GPU_DEVICE, "h", namespace).get("status", {}).get("phase") == "Bound"
+        )
         refs = [{"deviceTemplate": {"className": gpu.cls, "count": 1}}, {"device": "h"}]
         with pytest.raises(ApiError) as raised:
             kube.create(kinds.VMI, vmi_body("vm", namespace, refs))
