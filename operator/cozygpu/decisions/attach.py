@@ -57,20 +57,54 @@ def requested(device: GPUDevice, vmi: str, request: BindRequest, now: dt.datetim
     return Attach(device.model_copy(update={"status": status}), attaching)
 
 
-def answered(cluster: Cluster, namespace: str, request: BindRequest) -> list[GPUDevice] | None:
-    """§4: the set once every device it names carries the binder's answer to this request, else None. An
-    answer the binder has only assumed is not one yet: its write may still lose."""
+@dataclass(frozen=True)
+class Waiting:
+    """Not every device of the set carries the binder's answer to the request yet."""
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The binder placed every device of the set on `node`."""
+
+    node: str
+
+
+@dataclass(frozen=True)
+class Refused:
+    """The binder refused the set, or its answer does not hold together; `message` is the tenant's."""
+
+    message: str
+
+
+Verdict = Waiting | Bound | Refused
+
+
+def verdict(cluster: Cluster, namespace: str, request: BindRequest) -> Verdict:
+    """§4: the binder's answer to the request as the view has it, judged in one place. An answer the binder has
+    only assumed is not one yet: its write may still lose."""
     devices = [cluster.device(namespace, n) for n in request.devices]
-    if all(
-        d is not None
+    carried = [
+        d
+        for d in devices
+        if d is not None
         and d.status.bind_request is not None
         and d.status.bind_request.id == request.id
         and not d.status.bind_request.open
         and not cluster.assumed(namespace, d.name)
-        for d in devices
-    ):
-        return [d for d in devices if d is not None]
-    return None
+    ]
+    if len(carried) != len(devices):
+        return Waiting()
+    nodes: set[str] = set()
+    for d in carried:
+        r = d.status.bind_request
+        if r is None or r.result is not BindResult.SUCCEEDED:
+            return Refused(r.message if r is not None and r.message else "the GPU binder could not place the set")
+        if not d.holds_gpus or not d.status.node_name:
+            return Refused(f"the GPU binder answered, but {ident(d)} holds no node")
+        nodes.add(d.status.node_name)
+    if len(nodes) != 1:
+        return Refused("the GPU binder placed the set on more than one node: " + ", ".join(sorted(nodes)))
+    return Bound(nodes.pop())
 
 
 def already_placed(members: Sequence[Member], vmi: str, now: dt.datetime) -> str | None:
@@ -98,21 +132,6 @@ def already_placed(members: Sequence[Member], vmi: str, now: dt.datetime) -> str
             return None
         node = d.status.node_name
     return node
-
-
-def judge_answer(devices: Sequence[GPUDevice]) -> tuple[str | None, str | None]:
-    """(node, None) when the binder placed every device on one node, else (None, refusal)."""
-    nodes: set[str] = set()
-    for d in devices:
-        r = d.status.bind_request
-        if r is None or r.result is not BindResult.SUCCEEDED:
-            return None, (r.message if r is not None and r.message else "the GPU binder could not place the set")
-        if not d.holds_gpus or not d.status.node_name:
-            return None, f"the GPU binder answered, but {ident(d)} holds no node"
-        nodes.add(d.status.node_name)
-    if len(nodes) != 1:
-        return None, "the GPU binder placed the set on more than one node: " + ", ".join(sorted(nodes))
-    return nodes.pop(), None
 
 
 def taken_over(device: GPUDevice, request_id: str) -> bool:

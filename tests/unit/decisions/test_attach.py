@@ -81,16 +81,34 @@ def carrying(name: str, request_id: str = "r1", result: str | None = "Succeeded"
 
 
 def test_the_set_is_answered_once_every_device_carries_the_binders_result() -> None:
-    """§4: the answer is in when each named device carries this request with a result, in the request's order."""
-    answered = attach.answered(cluster(devices=[carrying("b"), carrying("a")]), "t1", ASK)
-    assert answered is not None and [d.name for d in answered] == ["a", "b"]
+    """§4: the answer is in when each named device carries this request with a result: one node, Bound."""
+    assert attach.verdict(cluster(devices=[carrying("b"), carrying("a")]), "t1", ASK) == attach.Bound("n1")
 
 
 def test_an_open_missing_or_foreign_request_is_not_yet_an_answer() -> None:
     """§4: one device still open, gone, or carrying another request keeps the admission waiting."""
-    assert attach.answered(cluster(devices=[carrying("a"), carrying("b", result=None)]), "t1", ASK) is None
-    assert attach.answered(cluster(devices=[carrying("a")]), "t1", ASK) is None
-    assert attach.answered(cluster(devices=[carrying("a"), carrying("b", "r2")]), "t1", ASK) is None
+    waiting = attach.Waiting()
+    assert attach.verdict(cluster(devices=[carrying("a"), carrying("b", result=None)]), "t1", ASK) == waiting
+    assert attach.verdict(cluster(devices=[carrying("a")]), "t1", ASK) == waiting
+    assert attach.verdict(cluster(devices=[carrying("a"), carrying("b", "r2")]), "t1", ASK) == waiting
+
+
+def test_a_failed_answer_or_one_that_does_not_hold_together_is_refused_with_the_binders_words() -> None:
+    """§4: a Failed result carries the binder's message; devices answered Succeeded on two nodes, or with no node,
+    are refused as such, never admitted."""
+    failed = request("r1", "vm", ["a", "b"], NOW, "Failed")
+    failed["bindRequest"]["message"] = "no node has 2 free units"
+    c = cluster(devices=[device("a", status=failed), device("b", status=failed)])
+    assert attach.verdict(c, "t1", ASK) == attach.Refused("no node has 2 free units")
+    apart = cluster(
+        devices=[
+            carrying("a"),
+            device("b", phase="Bound", node_name="n2", status=request("r1", "vm", ["a", "b"], NOW, "Succeeded")),
+        ]
+    )
+    assert attach.verdict(apart, "t1", ASK) == attach.Refused(
+        "the GPU binder placed the set on more than one node: n1, n2"
+    )
 
 
 def test_an_answer_the_binder_only_assumed_is_not_one_yet() -> None:
@@ -102,4 +120,4 @@ def test_an_answer_the_binder_only_assumed_is_not_one_yet() -> None:
         update={"bind_request": b.status.bind_request.model_copy(update={"result": "Succeeded"})}
     )
     View(c).assume(b.model_copy(update={"status": answer}))
-    assert attach.answered(c, "t1", ASK) is None
+    assert attach.verdict(c, "t1", ASK) == attach.Waiting()

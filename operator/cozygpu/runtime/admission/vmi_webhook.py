@@ -229,16 +229,16 @@ class VMIAdmission:
             await gather_bounded(
                 (self._request(m.device, vmi, request, writes) for m in members), self._calls_in_flight
             )
-            answered = await self._wait(namespace, request)
-            if answered is None:
-                raise Refusal(
-                    f"the GPU binder did not answer within {self._bind_timeout:g}s; KubeVirt retries the start"
-                )
-            node, refusal = attach.judge_answer(answered)
-            if refusal is not None or node is None:
-                raise Refusal(refusal or "the GPU binder could not place the set")
-            log.info("vmi.bound", request_id=request.id, node=node, devices=request.devices)
-            return node
+            match await self._wait(namespace, request):
+                case attach.Bound(node):
+                    log.info("vmi.bound", request_id=request.id, node=node, devices=request.devices)
+                    return node
+                case attach.Refused(message):
+                    raise Refusal(message)
+                case attach.Waiting():
+                    raise Refusal(
+                        f"the GPU binder did not answer within {self._bind_timeout:g}s; KubeVirt retries the start"
+                    )
         except (Refusal, InternalError):
             await self._undo(namespace, vmi, writes)
             raise
@@ -296,18 +296,19 @@ class VMIAdmission:
         body = (await self._read(kinds.VMI, namespace, name)).body
         return body is not None and body.get("metadata", {}).get("uid") == uid
 
-    async def _wait(self, namespace: str, request: BindRequest) -> list[GPUDevice] | None:
-        """Until every device carries a result for the request, waking on view changes."""
+    async def _wait(self, namespace: str, request: BindRequest) -> attach.Verdict:
+        """The binder's answer once every device carries it, waking on view changes; still Waiting at the bind
+        timeout."""
         deadline = time.monotonic() + self._bind_timeout
         with self._waiters.waiting((namespace, n) for n in request.devices) as changed:
             while True:
                 changed.clear()
-                devices = attach.answered(self._cluster, namespace, request)
-                if devices is not None:
-                    return devices
+                verdict = attach.verdict(self._cluster, namespace, request)
+                if not isinstance(verdict, attach.Waiting):
+                    return verdict
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return None
+                    return verdict
                 with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel
                     async with asyncio.timeout(remaining):
                         await changed.wait()
