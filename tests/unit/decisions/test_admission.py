@@ -280,18 +280,6 @@ def test_an_answer_to_an_earlier_vmi_of_the_name_is_not_this_creates_own() -> No
     assert attach.already_placed([m], "vm", NOW) is None
 
 
-def test_judging_the_binders_answer() -> None:
-    """All Succeeded and Bound on one node is success; otherwise the binder's message or what is wrong."""
-    ok = model(device("a", phase="Bound", node_name="n1", status=request("r", "vm", ["a"], EPOCH, "Succeeded")))
-    far = model(device("b", phase="Bound", node_name="n2", status=request("r", "vm", ["b"], EPOCH, "Succeeded")))
-    failed_status = request("r", "vm", ["c"], EPOCH, "Failed")
-    failed_status["bindRequest"]["message"] = "no node has 2 free units"
-    failed = model(device("c", status=failed_status))
-    assert attach.judge_answer([ok]) == ("n1", None)
-    assert attach.judge_answer([ok, far]) == (None, "the GPU binder placed the set on more than one node: n1, n2")
-    assert attach.judge_answer([failed]) == (None, "no node has 2 free units")
-
-
 def test_a_gather_is_told_per_moved_device_and_to_the_vm_that_made_the_vmi() -> None:
     """§5.3: devices Bound or Lost elsewhere are named with the node they left; new and staying ones are not.
     The Event goes to the VMI's controlling VirtualMachine, when there is one."""
