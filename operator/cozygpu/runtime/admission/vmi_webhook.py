@@ -26,7 +26,7 @@ from cozygpu.api import BindRequest, GPUDevice, kinds, references
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import FINALIZER_IN_USE, LABEL_DEVICE_REFERENCE, TRUE, template_device_name
 from cozygpu.api.references import HeldRef, TemplateRef
-from cozygpu.decisions import admission, attach, budgets, lifecycle
+from cozygpu.decisions import admission, attach, lifecycle, plans
 from cozygpu.decisions.admission import Member
 from cozygpu.decisions.outputs import DEVICE_PLUGIN, Output
 from cozygpu.kube.adapter import ApiError
@@ -138,37 +138,29 @@ class VMIAdmission:
         except references.ReferenceError as e:
             raise Refusal(str(e)) from None
         members = await self._resolve(namespace, name, refs)
-        problem = (
-            admission.duplicates(members)
-            or admission.set_problem(vmi["metadata"].get("labels") or {}, members, self._permitted())
-            or admission.templates_fit(self._cluster, members)
+        planned = plans.plan(
+            self._cluster,
+            vmi,
+            namespace,
+            members,
+            output=self._output,
+            prior=self._reservations.orders(),
+            budgets_required=self._budgets_required,
         )
-        if problem:
-            raise Refusal(problem)
-        gpus = self._output.entries(members)
-        own = self._output.foreign(vmi, gpus, admission.gpu_resource_names(self._cluster, self._permitted()))
-        if own:
-            raise Refusal("the VMI carries GPU entries of its own next to device references: " + ", ".join(own))
-        orders = admission.orders(namespace, members)
-        refusal = budgets.check_orders(
-            self._cluster, list(orders.values()), self._reservations.orders(), required=self._budgets_required
-        )
-        if refusal:
-            raise Refusal(refusal)
+        if isinstance(planned, str):
+            raise Refusal(planned)
         if dry_run:
             node = attach.already_placed(members, name, utcnow())
-            return self._output.admitted(admission.marked(vmi), gpus, node), node
-        with self._reservations.holding(namespace, orders):  # checked: counted by the next check until created
+            return self._output.admitted(admission.marked(vmi), planned.entries, node), node
+        # Checked: the orders count in the next admission's check until their devices are created.
+        with self._reservations.holding(namespace, planned.orders):
             node = await self._bind(namespace, name, members)
         moved = admission.gathered(members, node)
         vm = admission.owner_vm(vmi)
         if moved and vm is not None and self._events is not None:
             # The VM is what the tenant looks at; each device's own Moved Event says the same per device.
             self._events.post_about(vm, "GPUsGathered", f"GPUs gathered on node {node}: " + ", ".join(moved))
-        return self._output.admitted(admission.marked(vmi), gpus, node), node
-
-    def _permitted(self) -> set[str] | None:
-        return admission.permitted_resources(self._cluster)
+        return self._output.admitted(admission.marked(vmi), planned.entries, node), node
 
     # -- §3.3, §3.4: fresh reads ---------------------------------------------
 
