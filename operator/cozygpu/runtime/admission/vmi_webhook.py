@@ -1,13 +1,12 @@
-"""The VMI admission executor (§3, §4): checks, then the bind, then the patch.
+"""The VMI admission executor (§3, §4): the fresh reads, the plan, the bind, the patch, and the undo.
 
 Called by the mutating webhook handler (runtime.process.handlers) for CREATE of VMIs with
 the device-reference label. Referenced devices and the VMI's name are read fresh
-from the API through the writer, into the view; the rest comes from the view. A
-refusal after any write undoes exactly what this call wrote before it answers;
-what it cannot undo, the garbage collector clears (§6).
-
-Why one module: the reads, the bind and the undo of one admission share what it wrote; issue 35
-item 3 moves its rule calls into one pure plan and its read-decide-write loops into the writer.
+from the API through the writer, into the view; the rest comes from the view. The rules are one
+pure call (`decisions.plans.plan`), the binder's answer one verdict (`decisions.attach.verdict`),
+what the set puts on the VMI an output (`decisions.outputs`), and every read-decide-write goes
+through `Writer.update`. A refusal after any write undoes exactly what this call wrote before it
+answers; what it cannot undo, the garbage collector clears (§6).
 """
 
 from __future__ import annotations
