@@ -13,7 +13,7 @@ from cozygpu.api.kinds import Kind
 DeviceKey = tuple[str, str]  # (namespace, name)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Change:
     """What one event, list item or write's response did to the view; the workers that care subscribe.
 

@@ -198,18 +198,18 @@ class Cluster:
     def _change(self, kind: Kind, namespace: str, name: str, deleted: bool) -> Change:
         room, served, reach = self._capacity.take_room()
         return Change(
-            kind,
-            namespace,
-            name,
-            deleted,
-            self._changed,
-            frozenset(self._nodes_touched),
-            frozenset(self._namespaces_touched),
-            self._all_nodes,
-            frozenset(room),
-            frozenset(served),
-            frozenset(self._pods.take_ended()),
-            frozenset(reach),
+            kind=kind,
+            namespace=namespace,
+            name=name,
+            deleted=deleted,
+            stored=self._changed,
+            nodes=frozenset(self._nodes_touched),
+            namespaces=frozenset(self._namespaces_touched),
+            all_nodes=self._all_nodes,
+            room=frozenset(room),
+            served=frozenset(served),
+            guests_gone=frozenset(self._pods.take_ended()),
+            reach=frozenset(reach),
         )
 
     # -- devices -----------------------------------------------------------------------

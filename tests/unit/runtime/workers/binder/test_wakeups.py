@@ -95,6 +95,6 @@ def test_a_waiter_leaves_no_trace_once_its_admission_is_answered() -> None:
     waiters = Waiters()
     with waiters.waiting([("t1", "a")]) as event:
         pass
-    waiters.changed(Change(kinds.GPU_DEVICE, "t1", "a", deleted=False, stored=True))
+    waiters.changed(Change(kind=kinds.GPU_DEVICE, namespace="t1", name="a", deleted=False, stored=True))
     assert not event.is_set()
     assert waiters._by_device == {}
