@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 LATENCY = re.compile(r"^(?P<label>.+?)\s+p50\s+(?P<value>[\d.]+)\s*ms")
-FIGURE = re.compile(r"^(?P<label>[A-Za-z][^\d]*?)\s{2,}(?P<value>[\d.]+)")
+FIGURE = re.compile(r"^(?P<label>[A-Za-z].*?)\s{2,}(?P<value>\d[\d.]*)")
 
 
 def figures(text: str) -> dict[str, float]:
@@ -59,6 +59,8 @@ def main() -> None:
         sides["before"].append(run(args.before, bench))
         sides["after"].append(run(args.after, bench))
     labels = list(dict.fromkeys(k for side in ("before", "after") for r in sides[side] for k in r))
+    if not labels:
+        raise SystemExit(f"{' '.join(bench)} printed no figure this script reads")
     width = max(len(label) for label in labels) + 2
     print(f"{' '.join(bench)}: median of {args.runs} runs each, alternating")
     print(f"{'figure':<{width}}{'before':>12}{'after':>12}{'after/before':>14}")
