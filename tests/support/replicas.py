@@ -25,7 +25,8 @@ from cozygpu.devcluster import identity
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from cozygpu.ports import free_port
-from cozygpu.runtime.admission import webhooks
+from cozygpu.runtime.admission import policy, webhooks
+from cozygpu.settings import Settings
 from tests.support.bodies import unique, vmi_body
 from tests.support.operators import start_operator, unregister_webhooks
 
@@ -196,12 +197,22 @@ class Replicas:
         return wait_for(f"a leader of {self.lease}", holder, timeout=30)
 
     def register(self, kube: Kube, timeout: float = 20) -> None:
-        """The configurations of §3 at the balancer, as the chart installs them at its Service."""
+        """The configurations of §3 at the balancer, and the no-bypass policies (§12.3), as the chart installs them:
+        a class is Ready only once the policy is seen guarding its resource. The policies stay after `close`, as a
+        chart's do until it is uninstalled (deleting a binding would leave the API server blind to its parameter)."""
         for config in webhooks.configurations(
             f"https://{HOST}:{self.balancer.port}", self.ca_pem, timeout, identity.USERNAME
         ):
             kind = kinds.MUTATING_WEBHOOKS if config["kind"].startswith("Mutating") else kinds.VALIDATING_WEBHOOKS
             kube.create(kind, config)
+        controller = Settings().kubevirt_controller_user
+        for made in (
+            policy.policy(controller),
+            policy.binding(identity.NAMESPACE),
+            policy.webhooks_policy(),
+            policy.webhooks_binding(),
+        ):
+            kube.put_object(kinds.POLICY if made["kind"] == "ValidatingAdmissionPolicy" else kinds.POLICY_BINDING, made)
 
     def serving(self, kube: Kube, namespace: str, class_name: str) -> None:
         """Register at the balancer and wait until the API server calls it: a dry-run VMI comes back with its GPU."""

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp.web
 import structlog
@@ -124,7 +126,10 @@ class Handshakes:
 
 class Doorway(aiohttp.web.BaseSite):
     """A listening TCP site of an aiohttp runner whose connections start TLS only within `Limits`. `context` may
-    be replaced while it serves (a renewed certificate): connections from then on use the new one."""
+    be replaced while it serves (a renewed certificate): connections from then on use the new one.
+
+    It accepts on a socket of its own and hands an accepted socket to asyncio's TLS (`connect_accepted_socket`)
+    only once let in: nothing of the caller's is read before, so no byte of its handshake can go astray."""
 
     def __init__(
         self,
@@ -143,7 +148,8 @@ class Doorway(aiohttp.web.BaseSite):
         self._host, self._port = host, port
         self._peers: dict[str, _Peer] = {}
         self._turns = Handshakes(limits.handshakes)
-        self._waiting: set[asyncio.Task[None]] = set()
+        self._listener: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @property
     def name(self) -> str:
@@ -151,22 +157,42 @@ class Doorway(aiohttp.web.BaseSite):
 
     async def start(self) -> None:
         await super().start()
-        self._server = await asyncio.get_running_loop().create_server(
-            lambda: _Door(self), self._host, self._port, backlog=self._backlog, reuse_address=True, reuse_port=True
+        listener = socket.create_server(
+            (self._host or "", self._port), backlog=self._backlog, reuse_port=hasattr(socket, "SO_REUSEPORT")
         )
+        listener.setblocking(False)
+        self._listener = listener
+        self._spawn(self._accept(listener))
 
     async def stop(self) -> None:
         await super().stop()
-        for task in list(self._waiting):  # connections not yet let in have no handler to close them
+        if self._listener is not None:
+            self._listener.close()
+        for task in list(self._tasks):  # the accept loop, and connections not yet let in
             task.cancel()
-        await asyncio.gather(*self._waiting, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def peers(self) -> dict[str, int]:
         """Open connections per peer address (for tests and the debug log)."""
         return {address: peer.open for address, peer in self._peers.items() if peer.open}
 
-    def _arrived(self, door: _Door, transport: asyncio.Transport) -> None:
-        address = _address_of(transport)
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, peername = await loop.sock_accept(listener)
+            except OSError as e:  # out of descriptors, a connection reset before it was taken: the next one
+                log.warning("webhook.accept_failed", error=str(e))
+                await asyncio.sleep(0.1)
+                continue
+            self._arrived(conn, str(peername[0]) if isinstance(peername, tuple) and peername else "?")
+
+    def _arrived(self, conn: socket.socket, address: str) -> None:
         peer = self._peers.get(address)
         if peer is None:
             if len(self._peers) >= REMEMBERED:
@@ -174,50 +200,41 @@ class Doorway(aiohttp.web.BaseSite):
             peer = self._peers[address] = _Peer()
         if peer.open >= self.limits.peer_connections:
             self._turn_away(address, "peer_connections")
-            transport.abort()
+            conn.close()
             return
         peer.open += 1
-        door.address = address
-        task = asyncio.get_running_loop().create_task(self._let_in(door, transport, peer))
-        self._waiting.add(task)
-        task.add_done_callback(self._waiting.discard)
+        self._spawn(self._let_in(conn, address, peer))
 
-    async def _let_in(self, door: _Door, transport: asyncio.Transport, peer: _Peer) -> None:
+    async def _let_in(self, conn: socket.socket, address: str, peer: _Peer) -> None:
         let_in = False
         try:
             async with contextlib.AsyncExitStack() as turn:
                 try:
                     async with asyncio.timeout(self.limits.wait_within):
                         await asyncio.sleep(max(0.0, peer.not_before - time.monotonic()))
-                        await turn.enter_async_context(self._turns.turn(door.address, known=peer.known))
+                        await turn.enter_async_context(self._turns.turn(address, known=peer.known))
                 except TimeoutError:
-                    self._turn_away(door.address, "waited_too_long")
+                    self._turn_away(address, "waited_too_long")
                     return
+                handler = self._runner.server
+                assert handler is not None
+                door = _Door(self, address, handler())
                 try:
-                    tls = await asyncio.get_running_loop().start_tls(
-                        transport,
-                        door,
-                        self.context,
-                        server_side=True,
-                        ssl_handshake_timeout=self.limits.handshake_within,
+                    await asyncio.get_running_loop().connect_accepted_socket(
+                        lambda: door, conn, ssl=self.context, ssl_handshake_timeout=self.limits.handshake_within
                     )
                 except (OSError, TimeoutError) as e:  # ssl.SSLError and ConnectionError are OSErrors
                     peer.failures += 1
                     peer.known = False
                     peer.not_before = time.monotonic() + min(BACKOFF_MOST, BACKOFF_FIRST * 2 ** (peer.failures - 1))
-                    self._turn_away(door.address, "handshake_failed", failures=peer.failures, error=str(e))
+                    self._turn_away(address, "handshake_failed", failures=peer.failures, error=str(e))
                     return
-            if tls is None:  # the peer went away as its handshake ended
-                return
+                let_in = True  # from here its door counts it, until the connection is lost
             peer.failures, peer.not_before, peer.known = 0, 0.0, True
-            handler = self._runner.server
-            assert handler is not None
-            door.hand_to(handler(), tls)
-            let_in = True
         finally:
-            if not let_in:
-                transport.abort()
-                door.leave()
+            if not let_in:  # closed here (asyncio closed it already if TLS failed), no longer counted
+                conn.close()
+                self._left(address)
 
     def _turn_away(self, address: str, reason: str, **detail: object) -> None:
         log.debug("webhook.connection_refused", peer=address, reason=reason, **detail)
@@ -237,65 +254,33 @@ class Doorway(aiohttp.web.BaseSite):
             del self._peers[address]
 
 
-def _address_of(transport: asyncio.BaseTransport) -> str:
-    peername = transport.get_extra_info("peername")
-    return str(peername[0]) if isinstance(peername, tuple) and peername else "?"
-
-
 class _Door(asyncio.Protocol):
-    """One connection's protocol: a closed door until let in, then the pass-through to aiohttp's handler (kept in
-    between so the connection's end is counted against its peer)."""
+    """One let-in connection's protocol: aiohttp's request handler behind it, kept in between so the connection's
+    end is counted against its peer."""
 
-    def __init__(self, doorway: Doorway) -> None:
+    def __init__(self, doorway: Doorway, address: str, inner: asyncio.Protocol) -> None:
         self._doorway = doorway
-        self.address = ""
-        self._inner: asyncio.Protocol | None = None
-        self._early = bytearray()  # what TLS delivered between the handshake's end and the handover
-        self._eof = False
-        self._counted = False
+        self.address = address
+        self._inner = inner
+        self._counted = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        transport.pause_reading()  # nothing is read before TLS starts; start_tls resumes reading
-        self._doorway._arrived(self, transport)
-        self._counted = bool(self.address)
+        self._inner.connection_made(transport)
 
-    def hand_to(self, inner: asyncio.Protocol, transport: asyncio.Transport) -> None:
-        self._inner = inner
-        inner.connection_made(transport)
-        if self._early:
-            inner.data_received(bytes(self._early))
-            self._early.clear()
-        if self._eof:
-            inner.eof_received()
-
-    def leave(self) -> None:
-        """This connection no longer counts against its peer (called once whichever way it ends)."""
+    def connection_lost(self, exc: Exception | None) -> None:
         if self._counted:
             self._counted = False
             self._doorway._left(self.address)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.leave()
-        if self._inner is not None:
-            self._inner.connection_lost(exc)
+        self._inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._inner is not None:
-            self._inner.data_received(data)
-        else:
-            self._early += data
+        self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
-        if self._inner is not None:
-            return self._inner.eof_received()
-        self._eof = True
-        return True
+        return self._inner.eof_received()
 
     def pause_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.pause_writing()
+        self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        if self._inner is not None:
-            self._inner.resume_writing()
+        self._inner.resume_writing()
