@@ -108,7 +108,7 @@ bench: venv kubevirt
 	    $(BIN)/python bench/binder.py --nodes $${size%%:*} --devices $${size##*:} || exit 1; done
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/admission.py
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/neighbour.py
-	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/ledger.py
+	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/orders.py
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh kube-scheduler | tail -n 1)" \
 	  $(BIN)/python bench/backlog.py --nodes 2000 --cold 10000
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/backlog.py --nodes 5000 --cold 0

@@ -7,7 +7,7 @@ On a local control plane with the operator (`cozygpu run --dev`, its own identit
   on ConfigMaps (two fresh reads, two creates, two status writes for attach + request,
   two for the binder's answer, then the object itself), at the same concurrency;
 - the same stream in a namespace under a GPUBudget (generous: nothing is refused), beside the stream
-  without one: what the order ledger costs a bind (§7.4 across replicas, runtime/workers/orders.py);
+  without one: what charging the budget costs a bind (§7.4 across replicas, runtime/charges.py);
 - a burst of `--burst` creates at once: admitted, refused, timed out (bind timeout).
 Prints each figure beside its peer and the ratio; asserts nothing.
 Run: `make bench` (or `python bench/admission.py --rounds 5`).

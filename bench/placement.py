@@ -23,9 +23,10 @@ from collections.abc import Callable
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.names import FINALIZER_IN_USE, LABEL_TEMPLATE_DEVICE
 from cozygpu.api.selectors import selector_matches
-from cozygpu.decisions.budgets import Order, check_orders
+from cozygpu.decisions.budgets import check_orders
 from cozygpu.decisions.lifecycle import device_actions
 from cozygpu.decisions.nodestatus import gpunode_status
+from cozygpu.decisions.orders import Order
 from cozygpu.decisions.placement import place, place_scanning
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster

@@ -14,6 +14,7 @@ from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube import credentials
 from cozygpu.kube.adapter import ApiError, Kube
+from cozygpu.runtime.charges import CONFIG_MAP, LEDGER
 from tests.support.bodies import gpu_class_body, gpu_device_body, unique
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.objects import update
@@ -98,27 +99,44 @@ def test_concurrent_held_device_creates_cannot_together_pass_a_budget(
     assert len(kube.list(kinds.GPU_DEVICE, namespace)) == 3
 
 
-def test_the_order_ledger_names_each_admitted_device_by_its_uid(
-    admitting: OperatorProcess,
-    kube: Kube,
-    namespace: str,
-    gpu: Gpu,
-    gpu_node: GPUNodeFactory,
-    operator_kubeconfig: Path,
+def test_an_admitted_order_is_charged_to_its_budget_by_uid_until_the_count_has_it(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
 ) -> None:
-    """§7.4, §14: the API server's review of a create carries the new object's uid, and the ledger records it, so
-    a device deleted and made again under the same name is another order (a name alone was taken for the old one)."""
+    """§7.4, §14: the API server's review of a create carries the new object's uid, and the order is on its
+    budget's record under it before the create returns (a device made again under the name is another order);
+    once the count has the device, the record lets it go and `used` shows it."""
     gpu_node({gpu.resource: 8}, name=f"n-{gpu.cls}")
     kube.create(kinds.GPU_BUDGET, budget_body("cap", namespace, {gpu.cls: 8}))
     budget_seen(kube, namespace, "cap")
-    created = kube.create(kinds.GPU_DEVICE, gpu_device_body("x", namespace, gpu.cls))
-    ledger = kube.get(
-        kinds.kind("ConfigMap"), "cozy-gpu-orders", credentials.from_kubeconfig(operator_kubeconfig).namespace
-    )
-    entries = [json.loads(v) for v in ledger["data"].values()]
-    assert [e["uid"] for e in entries if (e["namespace"], e["name"]) == (namespace, "x")] == [
-        created["metadata"]["uid"]
-    ]
+    created = kube.create(kinds.GPU_DEVICE, gpu_device_body("x", namespace, gpu.cls, 2))
+    status = kube.get(kinds.GPU_BUDGET, "cap", namespace)["status"]
+    assert [(o["name"], o["uid"], o["count"]) for o in status["orders"]] == [("x", created["metadata"]["uid"], 2)]
+
+    def counted() -> bool:
+        status = kube.get(kinds.GPU_BUDGET, "cap", namespace)["status"]
+        return status.get("usedTotal") == 2 and not status.get("orders") and status.get("orderedTotal") == 0
+
+    wait_for("the order taken up by the count", counted, timeout=30)
+
+
+def test_an_older_replica_can_write_no_order_where_the_retired_ledger_was(
+    admitting: OperatorProcess, kube: Kube, operator_kubeconfig: Path
+) -> None:
+    """Issue 36 item 3, a rolling upgrade: the operator leaves the retired ledger ConfigMap immutable, so an older
+    replica's write of its orders there is refused by the API server (its create too: the name is taken), and its
+    budgeted orders fail closed instead of being recorded where no newer replica looks."""
+    ops = credentials.from_kubeconfig(operator_kubeconfig).namespace
+    ledger = kube.get(CONFIG_MAP, LEDGER, ops)
+    assert ledger.get("immutable") is True and not ledger.get("data")
+    entry = {"namespace": "t1", "name": "x", "class": "a10", "count": 1, "expires": 4102444800.0}
+    with pytest.raises(ApiError) as refused:
+        kube.replace(CONFIG_MAP, {**ledger, "data": {"t1.x": json.dumps(entry)}})
+    assert refused.value.status == 422, refused.value.message
+    with pytest.raises(ApiError) as taken:
+        kube.create(
+            CONFIG_MAP, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": LEDGER, "namespace": ops}}
+        )
+    assert taken.value.status == 409, taken.value.message
 
 
 def test_only_the_operator_creates_or_relabels_template_devices(

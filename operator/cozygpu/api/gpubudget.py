@@ -14,6 +14,7 @@ from cozygpu.api.meta import (
     Model,
     PrinterColumn,
     Resource,
+    Time,
 )
 from cozygpu.api.selectors import LabelSelector
 
@@ -32,11 +33,28 @@ class GPUBudgetSpec(Model):
     )
 
 
+class BudgetOrder(Model):
+    """An order admitted and not yet counted in `used` (§7.4): charged to the budget, as ResourceQuota charges its
+    quota, until the count of the devices that exist has it, or it expires (its device never came)."""
+
+    namespace: str
+    name: str = Field(description="The GPUDevice the order is for.")
+    uid: str = Field(default="", description="The GPUDevice's uid: another device of the name is another order.")
+    class_name: str
+    count: int = Field(ge=1)
+    expires: Time = Field(description="When the order leaves the budget if its device never came.")
+    counted: Time | None = Field(default=None, description="When the count first had its device.")
+
+
 class GPUBudgetStatus(Model):
     """What counts against the budget now; OverBudget when that exceeds a lowered cap."""
 
     used: dict[str, Units] = Field(default_factory=dict, description="Units counting against the budget, per class.")
     used_total: Units = Field(default=0, description="Units counting against the budget over all classes.")
+    orders: list[BudgetOrder] = Field(
+        default_factory=list, description="Orders admitted and not yet counted in used (§7.4), written by the operator."
+    )
+    ordered_total: Units = Field(default=0, description="Units of the orders not yet counted in used.")
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=CONDITIONS_SCHEMA)
 
 
@@ -50,6 +68,7 @@ class GPUBudget(Resource):
         columns=(
             PrinterColumn("Total", ".spec.total", "integer"),
             PrinterColumn("Used", ".status.usedTotal", "integer"),
+            PrinterColumn("Ordered", ".status.orderedTotal", "integer"),
             PrinterColumn("OverBudget", '.status.conditions[?(@.type=="OverBudget")].status'),
             AGE,
         ),

@@ -29,8 +29,8 @@ from cozygpu.api.names import (
     template_device_name,
 )
 from cozygpu.api.references import HeldRef, TemplateRef
-from cozygpu.decisions.budgets import Order
 from cozygpu.decisions.capacity import conflicts, held, matching_classes
+from cozygpu.decisions.orders import Order
 from cozygpu.state.cluster import Cluster
 from cozygpu.state.nodes import node_selector_matches
 

@@ -11,17 +11,8 @@ from dataclasses import dataclass
 
 from cozygpu.api import GPUBudget, GPUDevice
 from cozygpu.api.selectors import selector_matches
+from cozygpu.decisions.orders import Order
 from cozygpu.state.cluster import Cluster
-
-
-@dataclass(frozen=True)
-class Order:
-    """`count` new units of `class_name` in `namespace`; `what` names it in messages."""
-
-    namespace: str
-    class_name: str
-    count: int
-    what: str
 
 
 def covering_budgets(cluster: Cluster, namespace: str) -> list[GPUBudget]:
@@ -104,7 +95,7 @@ def overrun(cluster: Cluster, extra: Sequence[Order], namespaces: Iterable[str] 
     plus `extra` exceeds, each with why and by which classes.
 
     The binder's second look at orders it has already counted (§7.4 across replicas): what it decided is in the
-    view, and since then other replicas' orders reached the view or only the ledger (`extra`). Only counts, no
+    view, and since then other replicas' orders reached the view or only the budgets' records (`extra`). Only counts, no
     entitlement: the orders were admitted already, and an overrun is settled by taking back the newest of ours."""
     tallies: dict[tuple[str, str], tuple[GPUBudget, dict[str, int]]] = {}
     for namespace in namespaces:

@@ -14,7 +14,7 @@ from typing import Any
 
 from cozygpu.decisions import admission, budgets
 from cozygpu.decisions.admission import Member
-from cozygpu.decisions.budgets import Order
+from cozygpu.decisions.orders import Order
 from cozygpu.decisions.outputs import Entries, Output
 from cozygpu.state.cluster import Cluster
 

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cozygpu.api import BindRequest, GPUDevice
-from cozygpu.decisions.budgets import Order, check_orders, counts
+from cozygpu.decisions.budgets import check_orders, counts
+from cozygpu.decisions.orders import Order
 from cozygpu.decisions.placement import NoPlacement, Placement, not_ready, place
 from cozygpu.state.cluster import Cluster
 

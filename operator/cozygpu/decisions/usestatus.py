@@ -16,11 +16,13 @@ from cozygpu.api.gpuclass import GPUClassStatus
 from cozygpu.api.names import CONDITION_OVER_BUDGET
 from cozygpu.decisions.budgets import usage
 from cozygpu.decisions.capacity import served_classes, taken
+from cozygpu.decisions.orders import in_flight, settle
 from cozygpu.state.cluster import Cluster
 
 
 def budget_status(cluster: Cluster, budget: GPUBudget, now: dt.datetime) -> GPUBudgetStatus:
-    """Units used per class and in total; OverBudget when a lowered cap is below what is held (kept, §7.3)."""
+    """Units used per class and in total; OverBudget when a lowered cap is below what is held (kept, §7.3); the
+    orders recorded on it (§7.4) less those the count has taken up, or that expired, by `now`."""
     used = usage(cluster, budget)
     total = sum(used.values())
     over = [
@@ -40,7 +42,14 @@ def budget_status(cluster: Cluster, budget: GPUBudget, now: dt.datetime) -> GPUB
         message=("what is held is kept; new orders are refused: " + "; ".join(over)) if over else "",
         last_transition_time=since,
     )
-    return GPUBudgetStatus(used={c: n for c, n in sorted(used.items()) if n}, used_total=total, conditions=[condition])
+    orders, _ = settle(cluster, budget.status.orders, now, lambda namespace, name, uid: False)
+    return GPUBudgetStatus(
+        used={c: n for c, n in sorted(used.items()) if n},
+        used_total=total,
+        conditions=[condition],
+        orders=orders,
+        ordered_total=in_flight(orders),
+    )
 
 
 def class_status(cluster: Cluster, cls: GPUClass) -> GPUClassStatus:

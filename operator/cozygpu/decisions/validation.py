@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice
 from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
 from cozygpu.api.references import valid_name
-from cozygpu.decisions.budgets import Order, check_orders
+from cozygpu.decisions.budgets import check_orders
+from cozygpu.decisions.orders import Order
 from cozygpu.state.cluster import Cluster
 
 

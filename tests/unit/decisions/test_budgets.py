@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from cozygpu.api import GPUBudget, kinds
 from cozygpu.api.selectors import selector_matches
-from cozygpu.decisions.budgets import Order, check_orders, covering_budgets, overrun, usage
+from cozygpu.decisions.budgets import check_orders, covering_budgets, overrun, usage
+from cozygpu.decisions.orders import Order
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
 from tests.support.views import budget, cluster, device, gpu_class, rv

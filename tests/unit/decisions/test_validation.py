@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice
 from cozygpu.decisions import validation
-from cozygpu.decisions.budgets import Order
+from cozygpu.decisions.orders import Order
 from tests.support.views import A10, budget, cluster, created, device, gpu_class, node
 
 OPERATOR = "system:serviceaccount:cozy:gpu-operator"

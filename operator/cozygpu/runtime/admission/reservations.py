@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from cozygpu.decisions.budgets import Order
+from cozygpu.decisions.orders import Order
 from cozygpu.state.cluster import Change
 
 

@@ -2,8 +2,8 @@
 
 A held-device create is checked and reserved with no await in between, and stays reserved
 until the view sees it, so concurrent creates cannot together pass a budget (§7.4); across replicas
-each admission also goes through the namespace's order ledger in the API
-(runtime.ledger), whose resourceVersion serialises them.
+each admission is also charged to the budgets that can refuse it (runtime.charges), whose
+resourceVersions serialise them.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import structlog
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice, kinds
 from cozygpu.api.kinds import Kind
 from cozygpu.decisions import validation
-from cozygpu.decisions.budgets import Order
+from cozygpu.decisions.orders import Order
 from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
-from cozygpu.runtime.ledger import Ledger
+from cozygpu.runtime.charges import Charges
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.webhook")
@@ -33,7 +33,7 @@ class Validation:
         *,
         budgets_required: bool = False,
         exists: Callable[[Kind, str, str], Awaitable[bool]] | None = None,
-        ledger: Ledger | None = None,
+        charges: Charges | None = None,
     ) -> None:
         self._cluster = cluster
         # A fresh read into the view (kind, namespace, name): whether the object exists now. The view may still
@@ -41,7 +41,7 @@ class Validation:
         # applied at once), and a create must not be refused for either.
         self._exists = exists
         self._reservations = reservations
-        self._ledger = ledger  # None: one replica only (tests), its reservations are the whole story
+        self._charges = charges  # None: one replica only (tests), its reservations are the whole story
         self._budgets_required = budgets_required
         self.operator_user = ""  # learned at start-up (SelfSubjectReview)
 
@@ -62,7 +62,7 @@ class Validation:
                 await self._exists(kinds.GPU_CLASS, "", device.spec.class_name)  # §9: read fresh before refusing
             namespace, held = device.namespace or "", not device.carries_template_label
             # Checked and reserved with no await between (§7.4): a create admitted meanwhile counts this one, and
-            # its confirmation below (a name's read, the ledger) waits on no other tenant's (§14).
+            # its confirmation below (a name's read, the budgets' charges) waits on no other tenant's (§14).
             problem = validation.device_create(
                 self._cluster,
                 device,
@@ -110,7 +110,7 @@ class Validation:
 
     async def _confirm(self, device: GPUDevice, user: str, order: Order, key: str | None) -> str | None:
         """What needs the API for a held create that passed the view's checks: that its name is free (the view may
-        hold a device deleted a moment ago), and, across replicas, the order ledger (§7.4, §10)."""
+        hold a device deleted a moment ago), and, across replicas, its charge to its budgets (§7.4, §10)."""
         namespace = device.namespace or ""
         if device.carries_template_label:
             return None
@@ -119,9 +119,10 @@ class Validation:
         ):
             # The API server would answer AlreadyExists after admission: its order must not count.
             return self._duplicate(device)
-        if key is None or self._ledger is None or not self._ledger.needed(namespace):
+        if key is None or self._charges is None:
             return None
-        return await self._ledger.admit(order, device.name, device.metadata.uid or "", self._check(device, user, key))
+        claims = {(namespace, device.name, device.metadata.uid or ""): order}
+        return await self._charges.charge(namespace, claims, self._check(device, user, key))
 
     @staticmethod
     def _duplicate(device: GPUDevice) -> str:

@@ -37,8 +37,8 @@ from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Validation
 from cozygpu.runtime.admission.vmi_webhook import VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
+from cozygpu.runtime.charges import Charges, take_over_ledger
 from cozygpu.runtime.events import Recorder
-from cozygpu.runtime.ledger import Ledger
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.process import health, leadership, serving
 from cozygpu.runtime.process.health import HealthServer
@@ -77,16 +77,11 @@ class Operator:
         self.reservations = Reservations(ttl=settings.webhook_timeout + 10)
         self.events = Recorder(self.kube)
         self.accountant = Accountant(self.cluster, self.writer)
-        # The operator's own namespace: its Lease, the no-bypass policy's parameter (§12.3), the order ledger.
+        # The operator's own namespace: its Lease, the no-bypass policy's parameter (§12.3).
         self.namespace = leadership.lease_namespace(settings)
-        # Every order under a budget, from any replica's webhook or the leader's binder, meets here (§7.4, §10).
-        self.ledger = Ledger(
-            self.kube,
-            self.namespace,
-            ttl=settings.webhook_timeout + 10,
-            cluster=self.cluster,
-            mine=self.reservations.holds_device,
-            budgets_required=settings.budgets_required,
+        # An order a budget can refuse, from any replica's webhook or the leader's binder, is charged to it (§7.4, §10).
+        self.charges = Charges(
+            self.cluster, self.writer, ttl=settings.webhook_timeout + 10, mine=self.reservations.holds_device
         )
         self.binder = Binder(
             self.cluster,
@@ -98,7 +93,7 @@ class Operator:
             guarded=settings.guarded,
             events=self.events,
             metrics=self.metrics,
-            ledger=self.ledger,
+            charges=self.charges,
             idle_moves=settings.max_idle_moves,
             idle_after=settings.idle_move_after,
         )
@@ -132,7 +127,7 @@ class Operator:
             self.reservations,
             budgets_required=settings.budgets_required,
             exists=self._exists,
-            ledger=self.ledger,
+            charges=self.charges,
         )
         self.gate = Gate(
             self.vmis,
@@ -248,6 +243,8 @@ class Operator:
         await self._resync.once(resume=True)  # the view seeded; each kind's watch goes on from its list
         await self.pods.start()
         self.validation.operator_user = await self.kube.whoami()
+        # Orders an older version recorded in its ledger still count, and it can record no more (runtime.charges).
+        self.charges.legacy = await take_over_ledger(self.kube, self.namespace)
         self.synced = True
         interval = self.settings.sweep_interval
         shared: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
@@ -339,7 +336,7 @@ class Operator:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.ledger.close()
+        await self.charges.close()
         await self.events.close()
         # Each bounded: with no API server the process must still end (kopf retries a clean-up that raises).
         if self.leadership is not None:

@@ -10,6 +10,8 @@ is left to say.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
 
 import structlog
 
@@ -18,6 +20,7 @@ from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import API_VERSION
 from cozygpu.decisions.budgets import covering_budgets
 from cozygpu.decisions.nodestatus import gpunode_status
+from cozygpu.decisions.orders import due
 from cozygpu.decisions.usestatus import ClassTotals, budget_status
 from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.writes import State, Writer
@@ -45,6 +48,8 @@ class Accountant:
         # Each class's serving nodes and units, kept per node; classes to look at again.
         self._totals = ClassTotals()
         self._classes: set[str] = set()
+        # When each budget's record of orders (§7.4) next loses one, if nothing looks at it before.
+        self._due: dict[tuple[str, str], dt.datetime] = {}
 
     def changed(self, change: Change) -> None:
         """What the change names may show anew in a GPUNode's or a budget's status (§8, §9); nothing else wakes."""
@@ -77,7 +82,9 @@ class Accountant:
             if self._retry:
                 await asyncio.sleep(1.0)
                 continue
-            await self._wake.wait()
+            with contextlib.suppress(TimeoutError):  # not wait_for: on 3.11 it can swallow a cancel
+                async with asyncio.timeout(self._next_due()):
+                    await self._wake.wait()
             # Status is informational: a short window lets a burst of binds on a node (or of devices
             # of a class) become one write, and one recount, instead of one each.
             await asyncio.sleep(BATCH_WINDOW)
@@ -87,6 +94,10 @@ class Accountant:
         budgets = {b.key: b for ns in namespaces for b in covering_budgets(self._cluster, ns)}
         for key, budget in sorted(budgets.items()):
             status = budget_status(self._cluster, budget, utcnow())
+            if (when := due(status.orders)) is not None:
+                self._due[key] = when
+            else:
+                self._due.pop(key, None)
             if status.model_dump(mode="json") == budget.status.model_dump(mode="json"):
                 continue
             await self._write_status(kinds.GPU_BUDGET, budget.model_copy(update={"status": status}).wire())
@@ -101,6 +112,18 @@ class Accountant:
             wanted = self._totals.status(self._cluster, cls)
             if wanted.model_dump(mode="json") != cls.status.model_dump(mode="json"):
                 await self._write_status(kinds.GPU_CLASS, cls.model_copy(update={"status": wanted}).wire())
+
+    def _next_due(self) -> float | None:
+        """Seconds until a budget's record next loses an order (its namespace is looked at again then), or None."""
+        if not self._due:
+            return None
+        now = utcnow()
+        for key in [k for k, when in self._due.items() if when <= now]:
+            del self._due[key]
+            self._namespaces.add(key[0])
+        if self._namespaces:
+            return 0
+        return max(0.0, (min(self._due.values()) - now).total_seconds()) if self._due else None
 
     async def _write_status(self, kind: kinds.Kind, body: dict[str, object]) -> None:
         try:

@@ -9,7 +9,7 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
-from cozygpu.decisions.budgets import Order
+from cozygpu.decisions.orders import Order
 from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Validation

@@ -7,14 +7,16 @@ writer, so each outcome (LANDED, CONFLICT, GONE) reaches the accountant as one `
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any
 
 from cozygpu.api import kinds
+from cozygpu.api.meta import now
 from cozygpu.api.names import API_VERSION
 from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.accountant import Accountant
 from tests.support.memkube import MemKube
-from tests.support.views import A10, device, gpu_class, node
+from tests.support.views import A10, budget, device, gpu_class, node
 from tests.support.workers import run_until
 from tests.support.writing import NS, writer
 
@@ -103,3 +105,22 @@ def test_a_class_status_that_loses_a_race_is_written_again_on_the_winners_versio
     api = kube.stored(kinds.GPU_CLASS, "a10")
     assert api is not None and api["metadata"]["labels"] == {"team": "a"}
     assert kube.count("replace_status") >= 2
+
+
+def test_an_order_whose_device_never_came_leaves_its_budget_when_it_expires_with_nothing_else_happening() -> None:
+    """§7.4: a budget's record shows an order in flight; its device never comes and no event touches the budget
+    again: the accountant still takes it off when it expires, so `kubectl get gpubudget` shows it no longer."""
+    accountant, view, kube = _accountant()
+    expires = (now() + dt.timedelta(seconds=0.3)).isoformat()
+    order = {"namespace": NS, "name": "x", "uid": "u", "className": "a10", "count": 1, "expires": expires}
+    body = budget("b", namespace=NS, limits={"a10": 2})
+    body["metadata"].pop("resourceVersion")
+    stored = kube.put(kinds.GPU_BUDGET, {"apiVersion": API_VERSION, "kind": "GPUBudget", **body})
+    stored = kube.change(kinds.GPU_BUDGET, {**stored, "status": {"orders": [order], "orderedTotal": 1}}, status=True)
+    view.apply(kinds.GPU_BUDGET, stored)
+
+    def emptied() -> bool:
+        status = (kube.stored(kinds.GPU_BUDGET, "b", NS) or {}).get("status") or {}
+        return status.get("orders") == [] and status.get("orderedTotal") == 0
+
+    assert asyncio.run(run_until(accountant.run, emptied))

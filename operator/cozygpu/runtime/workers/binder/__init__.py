@@ -7,7 +7,7 @@
   binder never polls the API.
 - `dispatcher`: the write slots (`Dispatcher`): a decision takes one, hands it to its write, and it is given
   back in one place.
-- `mover` (idle moves, §5.7), `confirmations` (template orders through the order ledger, §7.4) and `reports`
+- `mover` (idle moves, §5.7), `confirmations` (template orders charged to their budgets, §7.4) and `reports`
   (Events, metrics and log lines of what was written) beside them, talking to the loop through the queue and
   the dispatcher; none of them imports the loop (an import-linter contract).
 """

@@ -1,45 +1,37 @@
-"""The binder's template orders through the order ledger (§5.4, §7.4 across replicas, §10).
+"""The binder's template orders charged to their budgets (§5.4, §7.4 across replicas, §10).
 
 A template device is an order at bind time, and the binder's check (decisions.requests) sees
 this process's reservations but not the held creates another replica admitted a moment ago.
-So a bind that adds use in a namespace under a budget is counted in the view at once, as every
-decision is (§13.1), and is confirmed in the ledger before its answer is written: the ledger
-shows the orders other replicas admitted meanwhile; if with them a budget is overrun, the
-newest of these binds are taken back (refused instead) until it is not, and the rest are
-recorded, so a replica admitting after them counts them. The binds of one moment share one
-ledger write (group commit): the binder never waits a round trip per bind. Called by
-the binder's loop only (runtime.workers.binder).
+So a bind that adds use under a budget that can refuse it is counted in the view at once, as
+every decision is (§13.1), and is charged to those budgets (runtime.charges) before its answer
+is written: each budget's record shows the orders other replicas admitted meanwhile; if with
+them the budget is overrun by what the bind feeds, the bind is taken back (refused instead),
+newest first, and otherwise it is recorded there, so a replica admitting after it counts it.
+The binds of one moment on a budget share one write (group commit): the binder never waits a
+round trip per bind. Called by the binder's loop only (runtime.workers.binder).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import structlog
 
 from cozygpu.api import GPUDevice
 from cozygpu.decisions import transitions
-from cozygpu.decisions.budgets import Order, covering_budgets, overrun
+from cozygpu.decisions.budgets import covering_budgets, overrun
+from cozygpu.decisions.orders import Claim, Order
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.decisions.requests import Answer, new_orders
-from cozygpu.runtime.ledger import Claim, Ledger
+from cozygpu.runtime.charges import Charges
 from cozygpu.runtime.workers.binder.queue import WaitingRoom
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.binder")
 
-
-@dataclass(eq=False)
-class _Bind:
-    namespace: str
-    orders: dict[Claim, Order]  # by device
-    take_back: Callable[[str], None]  # refuse the bind instead, in the view at once (called synchronously)
-    done: asyncio.Future[str | None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+# The API's words may name other tenants' orders: the tenant is told only what happened.
+UNRECORDED = "the order could not be charged to its GPUBudget; try again"
 
 
 class Confirmations:
@@ -47,99 +39,61 @@ class Confirmations:
         self,
         cluster: Cluster,
         writer: Writer,
-        ledger: Ledger,
+        charges: Charges,
         reserved: Callable[[], Sequence[Order]],
         queue: WaitingRoom,
     ) -> None:
         """`reserved`: this process's held orders not yet in the view; `queue`: the binder's waiting room, told of
         the room a bind taken back left."""
-        self._cluster, self._writer, self._ledger = cluster, writer, ledger
+        self._cluster, self._writer, self._charges = cluster, writer, charges
         self._reserved, self._waiting_room = reserved, queue
-        self._queue: list[_Bind] = []
-        self._task: asyncio.Task[None] | None = None
 
     def orders_of(self, answer: Answer) -> dict[Claim, Order]:
         """The orders of a placement that another replica's admissions may not know of (none for a refusal)."""
-        if not isinstance(answer.outcome, Placement) or not self._ledger.needed(answer.namespace):
+        if not isinstance(answer.outcome, Placement):
+            return {}
+        ordered = new_orders(answer.namespace, answer.devices)
+        if not self._charges.needed(answer.namespace, {o.class_name for o in ordered.values()}):
             return {}
         uids = {d.name: d.metadata.uid or "" for d in answer.devices}
-        return {(answer.namespace, n, uids[n]): o for n, o in new_orders(answer.namespace, answer.devices).items()}
+        return {(answer.namespace, n, uids[n]): o for n, o in ordered.items()}
 
     async def confirmed(
         self, answer: Answer, news: list[GPUDevice], tokens: list[int], orders: dict[Claim, Order]
     ) -> tuple[Answer, list[GPUDevice], list[int]]:
-        """The answer to write once its orders are in the ledger (with its devices and assumption tokens): this
-        one, or a refusal if it was taken back."""
+        """The answer to write once its orders are charged (with its devices and assumption tokens): this one, or
+        a refusal if it was taken back."""
         taken: list[tuple[Answer, list[GPUDevice], list[int]]] = []
 
         def take_back(why: str) -> None:
             # In the view at once, as any decision: the units go back to the node and the budgets.
+            if taken:
+                return
             refused = [transitions.refused(d, answer.request.id, why) for d in answer.devices]
             assumptions = [self._writer.assume(new) for new in refused]
             self._waiting_room.gained(frozenset().union(*(a.room for a in assumptions)))
             refusal = Answer(answer.request, answer.namespace, answer.devices, NoPlacement(why))
             taken.append((refusal, refused, [a.token for a in assumptions]))
 
-        await self.confirm(answer.namespace, orders, take_back)
+        def decide(others: list[Order]) -> str | None:
+            why = self._overrun(answer.namespace, orders, others)
+            if why is not None:
+                take_back(why)  # before the moment decides the next bind: that one counts the room
+            return why
+
+        try:
+            await self._charges.charge(answer.namespace, orders, decide)
+        except Exception as e:  # not charged is not admitted (fail closed)
+            log.warning("binder.charge_failed", namespace=answer.namespace, request_id=answer.request.id, error=str(e))
+            take_back(UNRECORDED)
         return taken[-1] if taken else (answer, news, tokens)
 
-    async def confirm(self, namespace: str, orders: dict[Claim, Order], take_back: Callable[[str], None]) -> str | None:
-        """Wait until the bind's orders are in the ledger (None), or it was taken back (why: `take_back` was
-        called with it before anything else could decide)."""
-        bind = _Bind(namespace, orders, take_back)
-        self._queue.append(bind)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run())
-        return await asyncio.shield(bind.done)
-
-    async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
-        while self._queue:
-            batch, self._queue = self._queue, []
-            try:
-                await self._ledger.record(functools.partial(self._decide, batch))
-            except asyncio.CancelledError:
-                for bind in [*batch, *self._queue]:
-                    bind.done.cancel()  # the binder stopped: its writes are cancelled with it
-                self._queue = []
-                raise
-            except Exception as e:  # the ledger could not be written: not confirmed is not admitted (fail closed)
-                log.warning("binder.ledger_failed", error=str(e), binds=len(batch))
-                # The API's words may name other tenants' orders: the tenant is told only what happened.
-                self._fail(batch, "the order could not be recorded in the order ledger; try again")
-            for bind in batch:
-                if not bind.done.done():
-                    bind.done.set_result(None)
-
-    def _decide(self, batch: list[_Bind], others: list[Order]) -> tuple[None, dict[Claim, Order]]:
-        """Take back the newest binds of the batch under an overrun budget until none is; record the rest."""
-        extra = [*others, *self._reserved()]
-        live = [b for b in batch if not b.done.done()]
-        while live and (over := overrun(self._cluster, extra, {b.namespace for b in live})):
-            # A bind gives way only to an overrun its own orders feed (a lowered limit of another class is not its).
-            fed = [
-                (b, o)
-                for b in live
-                for g in covering_budgets(self._cluster, b.namespace)
-                if (o := over.get(g.key)) is not None and o.fed_by(b.orders.values())
-            ]
-            if not fed:
-                break  # over without any of these binds: nothing of ours to take back
-            victim = fed[-1][0]  # the newest; named by the first overrun it feeds
-            self._take_back(victim, next(o.why for b, o in fed if b is victim))
-            live.remove(victim)
-        return None, {k: o for b in live for k, o in b.orders.items()}
-
-    def _take_back(self, bind: _Bind, why: str) -> None:
-        bind.take_back(why)
-        bind.done.set_result(why)
-
-    def _fail(self, batch: list[_Bind], why: str) -> None:
-        for bind in batch:
-            if not bind.done.done():
-                self._take_back(bind, why)
+    def _overrun(self, namespace: str, claims: dict[Claim, Order], others: list[Order]) -> str | None:
+        """Why the bind gives way: a budget covering its namespace that the view's use (this bind in it) plus the
+        orders it does not count is over, by a class the bind's orders feed (a lowered limit of another is not its)."""
+        over = overrun(self._cluster, [*others, *self._reserved()], {namespace})
+        for budget in covering_budgets(self._cluster, namespace):
+            found = over.get(budget.key)
+            if found is not None and found.fed_by(claims.values()):
+                return found.why
+        return None

@@ -20,12 +20,12 @@ import structlog
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.meta import now as utcnow
 from cozygpu.decisions import transitions
-from cozygpu.decisions.budgets import Order
+from cozygpu.decisions.orders import Claim, Order
 from cozygpu.decisions.placement import Placement, place
 from cozygpu.decisions.requests import Answer, Assessment, Wait, assess
 from cozygpu.decisions.waiting import fits_now, lost, overtakes, to_decide
+from cozygpu.runtime.charges import Charges
 from cozygpu.runtime.events import Recorder
-from cozygpu.runtime.ledger import Claim, Ledger
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.workers.binder import reports
 from cozygpu.runtime.workers.binder.confirmations import Confirmations
@@ -55,11 +55,11 @@ class Binder:
         guarded: bool = False,
         events: Recorder | None = None,
         metrics: Metrics | None = None,
-        ledger: Ledger | None = None,
+        charges: Charges | None = None,
         idle_moves: int = 0,
         idle_after: float = 0.0,
     ) -> None:
-        """`ledger`: where the binds that add use under a budget are confirmed across replicas (None: one replica);
+        """`charges`: where the binds that add use under a budget are charged across replicas (None: one replica);
         `idle_moves`, `idle_after`: how many idle devices one placement may move, idle how long (§5.7; 0: never);
         `guarded`: the no-bypass policy is in force, so new units go only to devices of ready classes (§12.3)."""
         self._cluster = cluster
@@ -88,7 +88,7 @@ class Binder:
             idle_after=idle_after,
         )
         self._confirmations = (
-            Confirmations(cluster, writer, ledger, reserved, self.queue) if ledger is not None else None
+            Confirmations(cluster, writer, charges, reserved, self.queue) if charges is not None else None
         )
 
     def poke(self) -> None:
@@ -127,8 +127,6 @@ class Binder:
                         await self.queue.wake.wait()
         finally:
             await self.dispatcher.close()
-            if self._confirmations is not None:
-                await self._confirmations.close()
 
     async def step(self) -> bool:
         """One pass over everything undecided; True when a request is still being written."""

@@ -1,0 +1,149 @@
+"""Benchmark (§7.4, §13.5): one tenant's held-device create beside another tenant's burst of them.
+
+On a local control plane with the operator (`cozygpu run --dev`, its own identity): `quiet` and `noisy` each under
+a GPUBudget of its own (generous: nothing is refused), so each create is charged to its namespace's budget
+(runtime/charges.py); `open` under none, so its creates are charged nowhere.
+- alone: `--count` creates in `quiet` and as many in `open`, taking turns, one after another, each timed;
+- beside: the same, while `--burst` clients in `noisy` create held devices without pause.
+Prints p50 and p99 of `quiet` against `open` beside the burst (§13.5: what a tenant who shares no budget with the
+burst pays beyond a namespace no budget covers), the same alone, `quiet` beside against alone, the burst's
+devices per second, and how many creates failed (an error, not a refusal); asserts nothing. The bench runs on the
+code before issue 36 too (the shared order ledger), for docs/performance.md's before and after.
+Run: `make bench` (or `python bench/orders.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from admission import fill, pct, row
+
+from cozygpu.api import kinds
+from cozygpu.api.names import API_VERSION
+from cozygpu.devcluster import identity
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube.adapter import ApiError, Kube
+
+
+def held(name: str, namespace: str) -> dict:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "GPUDevice",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"className": "bench", "count": 1},
+    }
+
+
+def creates(kube: Kube, count: int, failed: list[str]) -> tuple[list[float], list[float]]:
+    """Each create's duration in `quiet` and in `open`, taking turns, one after another; each created device deleted
+    again (the budget stays open)."""
+    out: dict[str, list[float]] = {"quiet": [], "open": []}
+    for i in range(count * 2):
+        namespace = ("quiet", "open")[i % 2]
+        name = f"q{uuid.uuid4().hex[:8]}"
+        start = time.perf_counter()
+        try:
+            kube.create(kinds.GPU_DEVICE, held(name, namespace))
+        except ApiError as e:
+            failed.append(e.message)
+            continue
+        finally:
+            out[namespace].append(time.perf_counter() - start)
+        kube.delete(kinds.GPU_DEVICE, name, namespace)
+    return out["quiet"], out["open"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--count", type=int, default=60)
+    p.add_argument("--burst", type=int, default=32)
+    p.add_argument("--nodes", type=int, default=50)
+    args = p.parse_args()
+    with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
+        kube = plane.kube()
+        fill(kube, args.nodes, ("quiet", "noisy", "open"))
+        for ns in ("quiet", "noisy"):
+            kube.create(
+                kinds.GPU_BUDGET,
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": "GPUBudget",
+                    "metadata": {"name": "generous", "namespace": ns},
+                    "spec": {"limits": {"bench": 1_000_000}},
+                },
+            )
+        config = identity.write_kubeconfig(plane, Path(tmp) / "operator")
+        operator = OperatorProcess(config, Path(tmp) / "operator.log", "--dev").start()
+        alone_failed: list[str] = []
+        beside_failed: list[str] = []
+        burst_made, burst_failed = [0], [0]
+        try:
+            wait_for("nodes accounted", lambda: len(kube.list(kinds.GPU_NODE)) == args.nodes, timeout=60)
+            creates(kube, 5, [])  # warm: the connections are open, the budgets written once
+            quiet_alone, open_alone = creates(kube, args.count, alone_failed)
+            noisy = threading.Event()
+            noisy.set()
+
+            def flood() -> None:
+                client = plane.kube()
+                while noisy.is_set():
+                    try:
+                        client.create(kinds.GPU_DEVICE, held(f"n{uuid.uuid4().hex[:10]}", "noisy"))
+                        burst_made[0] += 1
+                    except ApiError:
+                        burst_failed[0] += 1
+
+            threads = [threading.Thread(target=flood) for _ in range(args.burst)]
+            for t in threads:
+                t.start()
+            time.sleep(1)  # the burst under way
+            made, started = burst_made[0], time.perf_counter()
+            quiet_beside, open_beside = creates(kube, args.count, beside_failed)
+            rate = (burst_made[0] - made) / (time.perf_counter() - started)
+            noisy.clear()
+            for t in threads:
+                t.join()
+        finally:
+            operator.stop()
+    report(args, (quiet_beside, open_beside), (quiet_alone, open_alone), rate)
+    print(
+        f"failed: {len(beside_failed)} beside, {len(alone_failed)} alone; the burst made {burst_made[0]} devices,"
+        f" {burst_failed[0]} of its creates failed"
+    )
+    for message in sorted(set(beside_failed + alone_failed))[:3]:
+        print(f"  e.g. {message[:200]}")
+
+
+def report(
+    args: argparse.Namespace,
+    beside: tuple[list[float], list[float]],
+    alone: tuple[list[float], list[float]],
+    rate: float,
+) -> None:
+    """Each figure beside its peer, and the ratio; `beside` and `alone` are (quiet, open)."""
+    (quiet_beside, open_beside), (quiet_alone, open_alone) = beside, alone
+    print(
+        f"held-device creates, {args.count} in each namespace taking turns, alone and beside {args.burst} clients"
+        " creating without pause in `noisy` (its own budget)"
+    )
+    print(f"{'beside the burst':<28}{'quiet':>13}{'open':>15}{'ratio':>11}   (quiet: its own budget; open: none)")
+    row("beside p50", statistics.median(quiet_beside), statistics.median(open_beside))
+    row("beside p99", pct(quiet_beside, 0.99), pct(open_beside, 0.99))
+    print(f"{'alone':<28}{'quiet':>13}{'open':>15}{'ratio':>11}")
+    row("alone p50", statistics.median(quiet_alone), statistics.median(open_alone))
+    row("alone p99", pct(quiet_alone, 0.99), pct(open_alone, 0.99))
+    print(f"{'quiet':<28}{'beside':>13}{'alone':>15}{'ratio':>11}")
+    row("quiet p50", statistics.median(quiet_beside), statistics.median(quiet_alone))
+    row("quiet p99", pct(quiet_beside, 0.99), pct(quiet_alone, 0.99))
+    print(f"burst devices/s  {rate:.1f}")
+
+
+if __name__ == "__main__":
+    main()

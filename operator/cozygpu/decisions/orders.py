@@ -1,0 +1,107 @@
+"""Orders (§7.1, §7.4): what an order is, which budgets record it, and how a budget's record of orders is kept.
+
+An order is new units of a class in a namespace: a held device at its creation, a template device
+at bind time. Until the view counts its device (§7.2), an order another process admitted counts
+only from the record on the budgets it spends (`GPUBudget.status.orders`), which runtime.charges
+writes at admission and the accountant keeps pruned. Here, free of I/O: which budgets can refuse an
+order and so record it (`charging`), which recorded orders a process must still count and which
+leave the record (`settle`), and the record written back (`recorded`). Callers: decisions.budgets,
+decisions.validation, decisions.requests, runtime.charges, the accountant (decisions.usestatus).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from cozygpu.api import GPUBudget
+from cozygpu.api.gpubudget import BudgetOrder
+from cozygpu.state.cluster import Cluster
+
+
+@dataclass(frozen=True)
+class Order:
+    """`count` new units of `class_name` in `namespace`; `what` names it in messages."""
+
+    namespace: str
+    class_name: str
+    count: int
+    what: str
+
+
+Claim = tuple[str, str, str]  # the device an order is for: namespace, name, uid
+
+# How long a recorded order stays after a view first counted its device: every replica's watch has it by then.
+SETTLE = dt.timedelta(seconds=5)
+
+
+def charged(budget: GPUBudget, class_name: str) -> bool:
+    """Whether the budget can refuse an order of the class, and so records it: it limits the class or the total.
+    Nothing else is written to it, so what it records never holds more units than its limits (§7.4)."""
+    return class_name in budget.spec.limits or budget.spec.total is not None
+
+
+def charging(cluster: Cluster, namespace: str, classes: Iterable[str]) -> list[GPUBudget]:
+    """The budgets covering the namespace (§1.4) that record an order of any of these classes, by key."""
+    wanted = set(classes)
+    return [b for b in cluster.budgets_covering(namespace) if any(charged(b, c) for c in wanted)]
+
+
+def counted(cluster: Cluster, entry: BudgetOrder) -> bool:
+    """Whether the view counts the entry's device against budgets (§7.2) on the API's word, not on a decision in
+    flight; a device of the name with another uid is not it (deleted and made again, perhaps with more units)."""
+    device = cluster.device(entry.namespace, entry.name)
+    if device is None or (entry.uid and device.metadata.uid != entry.uid):
+        return False
+    return device.in_use and not cluster.assumed(entry.namespace, entry.name)
+
+
+def settle(
+    cluster: Cluster, entries: Sequence[BudgetOrder], now: dt.datetime, mine: Callable[[str, str, str], bool]
+) -> tuple[list[BudgetOrder], dict[Claim, Order]]:
+    """What stays on a budget's record, with a counted mark where this view counts the device first; and the orders
+    this process counts nowhere else (not in its view, not among its own decisions: `mine`, its reservations).
+
+    An entry leaves once it expired (its device never came: a create refused after the webhooks), once SETTLE
+    passed since a view first counted it, or once this view saw its device go (it uses nothing now)."""
+    kept: list[BudgetOrder] = []
+    others: dict[Claim, Order] = {}
+    for entry in entries:
+        seen = counted(cluster, entry)
+        if entry.expires <= now or (seen and entry.counted is not None and now - entry.counted >= SETTLE):
+            continue
+        if entry.uid and cluster.device_removed(entry.uid):
+            continue
+        kept.append(entry.model_copy(update={"counted": now}) if seen and entry.counted is None else entry)
+        ns, name = entry.namespace, entry.name
+        if not seen and not cluster.assumed(ns, name) and not mine(ns, name, entry.uid):
+            others[(ns, name, entry.uid)] = Order(ns, entry.class_name, entry.count, f"GPUDevice {name}")
+    return kept, others
+
+
+def recorded(
+    kept: Sequence[BudgetOrder], new: Mapping[Claim, Order], withdrawn: Iterable[Claim], expires: dt.datetime
+) -> list[BudgetOrder]:
+    """The record to write: what stays, less the orders `withdrawn` (refused on another budget after all), with
+    the `new` ones (a claim recorded again is renewed). Two devices of one name racing are two claims, two orders."""
+    gone = set(withdrawn) | set(new)
+    out = [e for e in kept if (e.namespace, e.name, e.uid) not in gone]
+    for (ns, name, uid), order in new.items():
+        out.append(
+            BudgetOrder(
+                namespace=ns, name=name, uid=uid, class_name=order.class_name, count=order.count, expires=expires
+            )
+        )
+    return out
+
+
+def in_flight(entries: Iterable[BudgetOrder]) -> int:
+    """Units of the recorded orders no view has counted yet (`status.orderedTotal`)."""
+    return sum(e.count for e in entries if e.counted is None)
+
+
+def due(entries: Iterable[BudgetOrder]) -> dt.datetime | None:
+    """When the first of these entries leaves the record, if nothing else happens before (None: nothing recorded)."""
+    times = [e.expires if e.counted is None else min(e.expires, e.counted + SETTLE) for e in entries]
+    return min(times, default=None)

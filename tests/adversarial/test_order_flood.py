@@ -1,0 +1,102 @@
+"""§7.4, §13.5, §14: one tenant flooding creates that never make a device, beside another tenant's creates.
+
+Mallory's namespaces are each at their ResourceQuota's object count for GPUDevices, so each of her creates passes the
+operator's webhook, which charges its order to her namespace's budget, and is then refused by the quota, which the
+API server checks after the webhooks: the device never comes, and its order stays charged until it expires. Through
+the one order ledger of issue 21 (one ConfigMap every budgeted order of every tenant wrote), such a flood once took
+the ledger past the API server's 1 MiB and failed every tenant's budgeted create; then, bounded by shares, it still
+refused another tenant's creates while it was full. Charged to the budgets they spend, her orders only fill her own.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from pathlib import Path
+
+import pytest
+
+from cozygpu.api import kinds
+from cozygpu.api.kinds import Kind
+from cozygpu.devcluster.controlplane import ControlPlane
+from cozygpu.devcluster.harness import OperatorProcess, wait_for
+from cozygpu.kube.adapter import ApiError, Kube
+from tests.support.bodies import budget_body, gpu_device_body
+from tests.support.invariants import assert_invariants
+from tests.support.nodes import Gpu, GPUNodeFactory
+from tests.support.seen import budget_seen
+from tests.support.tenants import Tenant, make_tenant
+
+pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
+
+QUOTA = Kind("v1", "ResourceQuota", "resourcequotas", True)
+COUNT = "count/gpudevices.gpu.cozystack.io"
+FLOOD = 600  # over her three namespaces, well within the 30 s an order whose device never came stays
+VICTIM = 10  # the victim's creates, one after another while the flood goes on
+LIMIT = 5  # units each of her budgets allows
+
+
+def _quota_of_nothing(kube: Kube, namespace: str) -> None:
+    body = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "devices", "namespace": namespace}}
+    kube.create(QUOTA, {**body, "spec": {"hard": {COUNT: "0"}}})
+    quota = kube.get(QUOTA, "devices", namespace)  # no quota controller runs here: its status, as it writes it
+    quota["status"] = {"hard": {COUNT: "0"}, "used": {COUNT: "0"}}
+    kube.replace_status(QUOTA, quota)
+
+
+def test_a_tenant_flooding_creates_that_never_come_fills_only_its_own_budgets(
+    admitting: OperatorProcess,
+    control_plane: ControlPlane,
+    kube: Kube,
+    victim: Tenant,
+    gpu: Gpu,
+    gpu_node: GPUNodeFactory,
+    tmp_path: Path,
+) -> None:
+    """Mallory, over three namespaces each under its own budget, floods creates her quotas refuse after admission:
+    each budget records at most its limit in units, past which the operator refuses hers naming her budget; every
+    create the victim makes under its own budget meanwhile is admitted; and she cannot write a budget's record."""
+    gpu_node({gpu.resource: 8}, name=f"flood-{gpu.cls}")
+    mallory = [make_tenant(control_plane, kube, "mallory", tmp_path) for _ in range(3)]
+    for tenant in (*mallory, victim):
+        kube.create(kinds.GPU_BUDGET, budget_body(tenant.namespace, total=LIMIT if tenant in mallory else 100))
+    for tenant in mallory:
+        _quota_of_nothing(kube, tenant.namespace)
+    for tenant in (*mallory, victim):
+        budget_seen(kube, tenant.namespace, "cap")
+
+    def create(i: int) -> str:
+        tenant = mallory[i % len(mallory)]
+        try:
+            tenant.kube.create(kinds.GPU_DEVICE, gpu_device_body(f"f{i:05d}", tenant.namespace, gpu.cls, 1))
+        except ApiError as e:
+            return e.message
+        return "created"
+
+    def victim_creates(i: int) -> str:
+        time.sleep(FLOOD / 100 / VICTIM)  # spread over the flood (it makes about 100 creates a second or more)
+        try:
+            victim.kube.create(kinds.GPU_DEVICE, gpu_device_body(f"mine-{i}", victim.namespace, gpu.cls, 1))
+        except ApiError as e:
+            return e.message[:300]
+        return "created"
+
+    wait_for("the quotas in force", lambda: all("exceeded quota" in create(-1 - i) for i in range(3)))
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        flood = pool.map(create, range(FLOOD))
+        mine = [victim_creates(i) for i in range(VICTIM)]  # while the flood goes on
+        answers = list(flood)
+    assert mine == ["created"] * VICTIM, next(a for a in mine if a != "created")
+    by_quota = sum("exceeded quota" in a for a in answers)
+    by_budget = sum(f"GPUBudget {t.namespace}/cap allows {LIMIT} units in total" in a for a in answers for t in mallory)
+    assert by_quota > 0 and by_budget > 0 and by_quota + by_budget == FLOOD, {a[:160] for a in answers}
+    for tenant in mallory:
+        status = kube.get(kinds.GPU_BUDGET, "cap", tenant.namespace).get("status") or {}
+        assert sum(o["count"] for o in status.get("orders") or []) <= LIMIT, status
+        assert tenant.kube.list(kinds.GPU_DEVICE, tenant.namespace) == []
+    mine_budget = mallory[0].kube.get(kinds.GPU_BUDGET, "cap", mallory[0].namespace)
+    mine_budget["status"] = {"orders": []}
+    with pytest.raises(ApiError) as forbidden:
+        mallory[0].kube.replace_status(kinds.GPU_BUDGET, mine_budget)  # her record is not hers to clear
+    assert forbidden.value.status == 403, forbidden.value.message
+    assert_invariants(kube, (*mallory, victim), admitting)
