@@ -143,6 +143,14 @@ def report(
     row("quiet p50", statistics.median(quiet_beside), statistics.median(quiet_alone))
     row("quiet p99", pct(quiet_beside, 0.99), pct(quiet_alone, 0.99))
     print(f"burst devices/s  {rate:.1f}")
+    # Each ratio on a row of its own, for bench/before_after.py, which reads a row's first figure.
+    for label, ours, peer in (
+        ("quiet/open beside p50", statistics.median(quiet_beside), statistics.median(open_beside)),
+        ("quiet/open beside p99", pct(quiet_beside, 0.99), pct(open_beside, 0.99)),
+        ("open beside p50 ms", statistics.median(open_beside), 1e-3),
+        ("open beside p99 ms", pct(open_beside, 0.99), 1e-3),
+    ):
+        print(f"{label:<28}{ours / peer:>10.2f}")
 
 
 if __name__ == "__main__":

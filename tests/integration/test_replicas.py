@@ -270,9 +270,10 @@ def test_a_rolling_upgrade_under_a_stream_of_creates_fails_no_admission(
 
 
 # Issue 21 item 3, closed (§7.4): a held order another replica admitted reaches the leader's binder through the
-# order ledger before its device reaches the view, so a template bind and that create can no longer pass the budget
-# together (before the ledger: 6 to 10 units against 4 in every run). The race is not run every time, so a pass
-# alone is weak evidence; tests/unit/runtime/workers/binder/test_bind_orders.py decides each interleaving.
+# budget's record of orders (issue 36; the one order ledger before it) before its device reaches the view, so a
+# template bind and that create can no longer pass the budget together (before: 6 to 10 units against 4 in every
+# run). The race is not run every time, so a pass alone is weak evidence;
+# tests/unit/runtime/workers/binder/test_bind_orders.py decides each interleaving.
 @pytest.mark.parametrize("count", [1, 3], ids=["one replica", "three replicas"])
 def test_a_budget_raced_across_replicas_is_never_exceeded(
     kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory, replicas: Replicas, count: int

@@ -11,13 +11,12 @@ collector, the accountant and the guard (and in dev mode registers the webhooks)
 
 kopf's login is kube.credentials'; its settings, webhook server and the client CA are
 runtime.process.serving's; what ready means is runtime.process.health's, over a snapshot taken
-here. The drain stays here: it stops what the wiring started.
+here; how a signal drains and what ends the process is runtime.process.stopping's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import signal
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -43,6 +42,7 @@ from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.process import health, leadership, serving
 from cozygpu.runtime.process.health import HealthServer
 from cozygpu.runtime.process.metrics_auth import MetricsGuard
+from cozygpu.runtime.process.stopping import Stopping
 from cozygpu.runtime.process.supervision import Supervisor
 from cozygpu.runtime.view import View
 from cozygpu.runtime.watching.informer import Informer
@@ -162,8 +162,9 @@ class Operator:
             placed=self.pods.placed,
         )
         # A task that really died ends the process: the kubelet starts a whole one again (§10).
-        self.supervisor = Supervisor(on_death=self._end)
-        self._ending = False
+        # Set to stop kopf (runtime.process.handlers); on a signal, only once admissions have drained.
+        self.shutdown = Stopping(settings.drain_seconds if settings.webhook_mode == "cluster" else 0.0)
+        self.supervisor = Supervisor(on_death=self.shutdown.end)
         self.health = HealthServer(
             settings.health_host,
             settings.health_port,
@@ -178,9 +179,6 @@ class Operator:
         self._not_leading = "not the leader yet"
         self.synced = False
         self.deciding = False  # the Lease holder's workers run (§10)
-        # Set to stop kopf (runtime.process.handlers); on a signal, only once admissions have drained.
-        self.stop = asyncio.Event()
-        self.stopping = False
         self._tasks: list[asyncio.Task[None]] = []
         # Who hears of which changes: each worker keeps its own queue from them.
         self.view.subscribe(self.reservations.changed, kinds.GPU_DEVICE)
@@ -198,7 +196,7 @@ class Operator:
         if self.leadership is not None:
             role = "leader" if self.leadership.leading else f"standby, {self._not_leading}"
         replica = health.Replica(
-            stopping=self.stopping,
+            stopping=self.shutdown.stopping,
             synced=self.synced,
             serving=self.registration.ready,
             unregistered=self.settings.webhook_mode == "dev" and not self.registration.registered,
@@ -232,7 +230,7 @@ class Operator:
             self.settings,
             self.registration,
             ca,
-            closing=lambda: self.stopping,
+            closing=lambda: self.shutdown.stopping,
             refused=lambda reason: self.metrics.refused_connections.labels(reason).inc(),
         )
 
@@ -308,29 +306,7 @@ class Operator:
             if task.get_name() != "leadership":
                 task.cancel()
         self._not_leading = "the Lease was lost"
-        self._end()
-
-    def drain_on_signals(self) -> None:
-        """SIGTERM and SIGINT drain first (`drain_seconds`): not ready, every answer closing its connection so the
-        caller's next request opens one to another replica, then kopf stops, which lets the requests under way
-        finish (§10: an upgrade fails no admission)."""
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._terminate)
-
-    def _terminate(self) -> None:
-        if self.stopping:
-            return
-        self.stopping = True
-        drain = 0.0 if self.settings.webhook_mode != "cluster" else self.settings.drain_seconds
-        log.info("operator.draining", seconds=drain)
-        asyncio.get_running_loop().call_later(drain, self.stop.set)
-
-    def _end(self) -> None:
-        """Stop the process as SIGTERM would (kopf's cleanup runs), once whatever asks."""
-        if not self._ending:
-            self._ending = True
-            signal.raise_signal(signal.SIGTERM)
+        self.shutdown.end()
 
     async def cleanup(self) -> None:
         for task in self._tasks:

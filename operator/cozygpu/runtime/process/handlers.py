@@ -53,9 +53,9 @@ async def run(settings: Settings, stop_flag: asyncio.Event | None = None) -> Non
     operator = Operator(settings)
     registry = kopf.OperatorRegistry()
     register(registry, operator)
-    outside = asyncio.create_task(_relay(stop_flag, operator.stop)) if stop_flag is not None else None
+    outside = asyncio.create_task(_relay(stop_flag, operator.shutdown.stop)) if stop_flag is not None else None
     try:
-        await kopf.operator(registry=registry, stop_flag=operator.stop, **kopf_options(settings))
+        await kopf.operator(registry=registry, stop_flag=operator.shutdown.stop, **kopf_options(settings))
     finally:
         if outside is not None:
             outside.cancel()
@@ -71,7 +71,7 @@ def register(registry: kopf.OperatorRegistry, operator: Operator) -> None:
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         await operator.configure(settings)
         await operator.startup()
-        operator.drain_on_signals()  # after kopf's own handlers: ours replace them
+        operator.shutdown.on_signals()  # after kopf's own handlers: ours replace them
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
