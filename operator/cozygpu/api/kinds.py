@@ -10,6 +10,7 @@ launcher pods runtime.watching.podwatch feeds it. kopf watches nothing (runtime.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from cozygpu.api import KINDS
 from cozygpu.api.names import API_VERSION, KUBEVIRT_API_VERSION
@@ -29,6 +30,12 @@ class Kind:
     @property
     def version(self) -> str:
         return self.api_version.rpartition("/")[2]
+
+    def key_of(self, body: dict[str, Any]) -> Any:
+        """How the view and the informers key an object of this kind: (namespace, name), or its name alone."""
+        meta = body.get("metadata") or {}
+        name = meta.get("name") or ""
+        return (meta.get("namespace") or "", name) if self.namespaced else name
 
 
 def _ours() -> dict[str, Kind]:

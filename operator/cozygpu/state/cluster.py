@@ -163,7 +163,7 @@ class Cluster:
         self._begin()
         upsert, remove = self._writes[kind]
         if deleted:
-            remove((namespace, name) if kind.namespaced else name, meta.get("resourceVersion"))
+            remove(kind.key_of(body), meta.get("resourceVersion"))
         else:
             upsert(body)
         return self._change(kind, namespace, name, deleted)
@@ -392,7 +392,7 @@ class Cluster:
 
     def _upsert_kubevirt(self, body: dict[str, Any]) -> None:
         meta = body.get("metadata", {})
-        key = (meta.get("namespace", ""), meta.get("name", ""))
+        key = kinds.KUBEVIRT.key_of(body)
         if not self._kubevirts.news(key, meta.get("resourceVersion")):
             return
         self._kubevirts.put(key, permitted_resources(body), meta.get("resourceVersion"))

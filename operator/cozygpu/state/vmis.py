@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cozygpu.api import GPUDevice, references
+from cozygpu.api import GPUDevice, kinds, references
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.state.store import Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT
@@ -38,7 +38,7 @@ class Vmis:
         """Store the VMI unless the view holds a newer one or it was removed since; its key if what the view keeps
         of it (uid, references) changed. A status update, the bulk of a VMI's events, changes neither."""
         meta = body.get("metadata", {})
-        key = (meta.get("namespace", ""), meta.get("name", ""))
+        key: VmiKey = kinds.VMI.key_of(body)
         if not self.store.news(key, meta.get("resourceVersion")):
             return None
         uid, names = meta.get("uid", ""), self._names_in(key, meta)

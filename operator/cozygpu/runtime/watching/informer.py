@@ -47,11 +47,6 @@ class Expired(Exception):
     """The version to resume from is too old for the server (410 Gone): list anew."""
 
 
-def key_of(kind: kinds.Kind, body: dict[str, Any]) -> Any:
-    meta = body.get("metadata") or {}
-    return (meta.get("namespace", ""), meta.get("name", "")) if kind.namespaced else meta.get("name", "")
-
-
 def _version(body: dict[str, Any]) -> str:
     return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
@@ -87,7 +82,7 @@ class Informer:
         self.failing: str | None = None  # what failed, until a list succeeds again (for /readyz)
 
     def _take(self, body: dict[str, Any], *, deleted: bool = False) -> None:
-        key = key_of(self.kind, body)
+        key = self.kind.key_of(body)
         if not deleted and self._view.cluster.holds(self.kind, key, _version(body)):
             # The view has this very version already, most often from our own write's answer (the writer applies
             # it at once): as a list skips it, the watch's copy is not parsed again (issue 22 item 4).
@@ -113,7 +108,7 @@ class Informer:
                 self.kind, PAGE, after, label_selector=self._labels, field_selector=self._fields
             )
             for item in items:
-                key = key_of(self.kind, item)
+                key = self.kind.key_of(item)
                 listed.add(key)
                 if cluster.holds(self.kind, key, _version(item)):
                     unchanged += 1  # what the view has at this very version needs no second reading
@@ -187,8 +182,8 @@ class Informer:
                 if code == 410:
                     raise Expired
                 raise ApiError(code, str(body.get("reason", "")), str(body.get("message", "")))
-            if event == "DELETED" and self._confirm is not None and self._covered(key_of(self.kind, body)):
-                await self._confirm(key_of(self.kind, body))
+            if event == "DELETED" and self._confirm is not None and self._covered(self.kind.key_of(body)):
+                await self._confirm(self.kind.key_of(body))
             elif event != "BOOKMARK":
                 self._take(body, deleted=event == "DELETED")
             self._at = _version(body) or self._at
