@@ -29,7 +29,7 @@ from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
-from cozygpu.kube.adapter import ApiError, Kube
+from cozygpu.kube.adapter import ApiError, Conflict, Kube
 
 
 def held(name: str, namespace: str) -> dict:
@@ -41,10 +41,24 @@ def held(name: str, namespace: str) -> dict:
     }
 
 
-def creates(kube: Kube, count: int, failed: list[str]) -> tuple[list[float], list[float]]:
-    """Each create's duration in `quiet` and in `open`, taking turns, one after another; each created device deleted
-    again (the budget stays open)."""
-    out: dict[str, list[float]] = {"quiet": [], "open": []}
+def probe_write(kube: Kube, value: int) -> float:
+    """One status write of the `probe` budget, timed; read again and tried again if the accountant wrote first."""
+    while True:
+        probe = kube.get(kinds.GPU_BUDGET, "generous", "probe")
+        probe["status"] = {**(probe.get("status") or {}), "orderedTotal": value}
+        start = time.perf_counter()
+        try:
+            kube.replace_status(kinds.GPU_BUDGET, probe)
+        except Conflict:
+            continue
+        return time.perf_counter() - start
+
+
+def creates(kube: Kube, count: int, failed: list[str]) -> tuple[list[float], list[float], list[float]]:
+    """Each create's duration in `quiet` and in `open`, taking turns, one after another (each created device deleted
+    again: the budget stays open); and after each, one status write of the budget in `probe` that no order spends,
+    the API write a charge to a budget makes, made by this client with nothing deciding."""
+    out: dict[str, list[float]] = {"quiet": [], "open": [], "probe": []}
     for i in range(count * 2):
         namespace = ("quiet", "open")[i % 2]
         name = f"q{uuid.uuid4().hex[:8]}"
@@ -57,7 +71,9 @@ def creates(kube: Kube, count: int, failed: list[str]) -> tuple[list[float], lis
         finally:
             out[namespace].append(time.perf_counter() - start)
         kube.delete(kinds.GPU_DEVICE, name, namespace)
-    return out["quiet"], out["open"]
+        if namespace == "open":
+            out["probe"].append(probe_write(kube, i))
+    return out["quiet"], out["open"], out["probe"]
 
 
 def main() -> None:
@@ -68,8 +84,8 @@ def main() -> None:
     args = p.parse_args()
     with ControlPlane() as plane, tempfile.TemporaryDirectory() as tmp:
         kube = plane.kube()
-        fill(kube, args.nodes, ("quiet", "noisy", "open"))
-        for ns in ("quiet", "noisy"):
+        fill(kube, args.nodes, ("quiet", "noisy", "open", "probe"))
+        for ns in ("quiet", "noisy", "probe"):
             kube.create(
                 kinds.GPU_BUDGET,
                 {
@@ -87,7 +103,7 @@ def main() -> None:
         try:
             wait_for("nodes accounted", lambda: len(kube.list(kinds.GPU_NODE)) == args.nodes, timeout=60)
             creates(kube, 5, [])  # warm: the connections are open, the budgets written once
-            quiet_alone, open_alone = creates(kube, args.count, alone_failed)
+            quiet_alone, open_alone, _ = creates(kube, args.count, alone_failed)
             noisy = threading.Event()
             noisy.set()
 
@@ -105,7 +121,7 @@ def main() -> None:
                 t.start()
             time.sleep(1)  # the burst under way
             made, started = burst_made[0], time.perf_counter()
-            quiet_beside, open_beside = creates(kube, args.count, beside_failed)
+            quiet_beside, open_beside, probe_beside = creates(kube, args.count, beside_failed)
             rate = (burst_made[0] - made) / (time.perf_counter() - started)
             noisy.clear()
             for t in threads:
@@ -113,6 +129,13 @@ def main() -> None:
         finally:
             operator.stop()
     report(args, (quiet_beside, open_beside), (quiet_alone, open_alone), rate)
+    print(
+        f"{'beside the burst':<28}{'quiet':>13}{'open + write':>15}{'ratio':>11}   (open's create, then a status write)"
+    )
+    floor = [o + p for o, p in zip(open_beside, probe_beside, strict=False)]
+    row("floor p50", statistics.median(quiet_beside), statistics.median(floor))
+    row("floor p99", pct(quiet_beside, 0.99), pct(floor, 0.99))
+    print(f"{'budget status write p50 ms':<28}{statistics.median(probe_beside) * 1e3:>10.2f}")
     print(
         f"failed: {len(beside_failed)} beside, {len(alone_failed)} alone; the burst made {burst_made[0]} devices,"
         f" {burst_failed[0]} of its creates failed"

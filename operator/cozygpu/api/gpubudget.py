@@ -35,7 +35,7 @@ class GPUBudgetSpec(Model):
 
 class BudgetOrder(Model):
     """An order admitted and not yet counted in `used` (§7.4): charged to the budget, as ResourceQuota charges its
-    quota, until the count of the devices that exist has it, or it expires (its device never came)."""
+    quota, until the count of the devices that exist (`used`) has it, or it expires (its device never came)."""
 
     namespace: str
     name: str = Field(description="The GPUDevice the order is for.")
@@ -43,7 +43,6 @@ class BudgetOrder(Model):
     class_name: str
     count: int = Field(ge=1)
     expires: Time = Field(description="When the order leaves the budget if its device never came.")
-    counted: Time | None = Field(default=None, description="When the count first had its device.")
 
 
 class GPUBudgetStatus(Model):
@@ -55,6 +54,9 @@ class GPUBudgetStatus(Model):
         default_factory=list, description="Orders admitted and not yet counted in used (§7.4), written by the operator."
     )
     ordered_total: Units = Field(default=0, description="Units of the orders not yet counted in used.")
+    counted_through: str = Field(
+        default="", description="The GPUDevices' resourceVersion through which used counts them (§7.4)."
+    )
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=CONDITIONS_SCHEMA)
 
 

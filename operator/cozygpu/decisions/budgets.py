@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cozygpu.api import GPUBudget, GPUDevice
+from cozygpu.api import GPUBudget, GPUDevice, kinds
 from cozygpu.api.selectors import selector_matches
 from cozygpu.decisions.orders import Order
 from cozygpu.state.cluster import Cluster
+from cozygpu.state.tombstones import version
 
 
 def covering_budgets(cluster: Cluster, namespace: str) -> list[GPUBudget]:
@@ -26,10 +27,16 @@ def counts(device: GPUDevice) -> bool:
 
 
 def usage(cluster: Cluster, budget: GPUBudget) -> dict[str, int]:
-    """Units counting against the budget in the namespaces it covers, per class (the view's counters).
+    """Units counting against the budget in the namespaces it covers, per class (the view's counters), or, where
+    this view's watch of devices is behind the count the budget shows (`countedThrough`), that count where it is
+    more: the accountant let orders go once `used` had their devices, and this view may not have them yet (§7.4).
 
     The budget is the view's own (looked up by its key): what it covers is what the view stored."""
-    return cluster.budget_use(*budget.key)
+    used = cluster.budget_use(*budget.key)
+    if cluster.progress(kinds.GPU_DEVICE) < version(budget.status.counted_through):
+        for class_name, units in budget.status.used.items():
+            used[class_name] = max(used.get(class_name, 0), units)
+    return used
 
 
 def entitled(cluster: Cluster, namespace: str, class_name: str) -> bool:

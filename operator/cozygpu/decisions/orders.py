@@ -5,7 +5,8 @@ at bind time. Until the view counts its device (§7.2), an order another process
 only from the record on the budgets it spends (`GPUBudget.status.orders`), which runtime.charges
 writes at admission and the accountant keeps pruned. Here, free of I/O: which budgets can refuse an
 order and so record it (`charging`), which recorded orders a process must still count and which
-leave the record (`settle`), and the record written back (`recorded`). Callers: decisions.budgets,
+leave the record (`settle`: the accountant's count takes an order's place), and the record written
+back (`recorded`). Callers: decisions.budgets,
 decisions.validation, decisions.requests, runtime.charges, the accountant (decisions.usestatus).
 """
 
@@ -15,7 +16,7 @@ import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from cozygpu.api import GPUBudget
+from cozygpu.api import GPUBudget, kinds
 from cozygpu.api.gpubudget import BudgetOrder
 from cozygpu.state.cluster import Cluster
 
@@ -31,9 +32,6 @@ class Order:
 
 
 Claim = tuple[str, str, str]  # the device an order is for: namespace, name, uid
-
-# How long a recorded order stays after a view first counted its device: every replica's watch has it by then.
-SETTLE = dt.timedelta(seconds=5)
 
 
 def charged(budget: GPUBudget, class_name: str) -> bool:
@@ -58,23 +56,32 @@ def counted(cluster: Cluster, entry: BudgetOrder) -> bool:
 
 
 def settle(
-    cluster: Cluster, entries: Sequence[BudgetOrder], now: dt.datetime, mine: Callable[[str, str, str], bool]
+    cluster: Cluster,
+    entries: Sequence[BudgetOrder],
+    now: dt.datetime,
+    mine: Callable[[str, str, str], bool],
+    *,
+    counting: bool = False,
 ) -> tuple[list[BudgetOrder], dict[Claim, Order]]:
-    """What stays on a budget's record, with a counted mark where this view counts the device first; and the orders
-    this process counts nowhere else (not in its view, not among its own decisions: `mine`, its reservations).
+    """What stays on a budget's record; and the orders this process counts nowhere else (not in its view, not
+    among its own decisions: `mine`, its reservations).
 
-    An entry leaves once it expired (its device never came: a create refused after the webhooks), once SETTLE
-    passed since a view first counted it, or once this view saw its device go (it uses nothing now)."""
+    An entry leaves once it expired (its device never came: a create refused after the webhooks), or once this
+    view saw its device go (it uses nothing now). With `counting` (the accountant, whose write sets `used` and
+    `countedThrough` with it), an entry whose device this view counts leaves too, once the view's watch has
+    delivered that device (its version within `progress`): `used` takes its place, and a replica whose watch is
+    not that far yet counts `used` instead of its own view (`budgets.usage`)."""
     kept: list[BudgetOrder] = []
     others: dict[Claim, Order] = {}
+    through = cluster.progress(kinds.GPU_DEVICE)
     for entry in entries:
-        seen = counted(cluster, entry)
-        if entry.expires <= now or (seen and entry.counted is not None and now - entry.counted >= SETTLE):
+        if entry.expires <= now or (entry.uid and cluster.device_removed(entry.uid)):
             continue
-        if entry.uid and cluster.device_removed(entry.uid):
-            continue
-        kept.append(entry.model_copy(update={"counted": now}) if seen and entry.counted is None else entry)
         ns, name = entry.namespace, entry.name
+        seen = counted(cluster, entry)
+        if seen and counting and (cluster.stored_version(kinds.GPU_DEVICE, (ns, name)) or 0) <= through:
+            continue
+        kept.append(entry)
         if not seen and not cluster.assumed(ns, name) and not mine(ns, name, entry.uid):
             others[(ns, name, entry.uid)] = Order(ns, entry.class_name, entry.count, f"GPUDevice {name}")
     return kept, others
@@ -97,11 +104,10 @@ def recorded(
 
 
 def in_flight(entries: Iterable[BudgetOrder]) -> int:
-    """Units of the recorded orders no view has counted yet (`status.orderedTotal`)."""
-    return sum(e.count for e in entries if e.counted is None)
+    """Units of the recorded orders (`status.orderedTotal`)."""
+    return sum(e.count for e in entries)
 
 
 def due(entries: Iterable[BudgetOrder]) -> dt.datetime | None:
-    """When the first of these entries leaves the record, if nothing else happens before (None: nothing recorded)."""
-    times = [e.expires if e.counted is None else min(e.expires, e.counted + SETTLE) for e in entries]
-    return min(times, default=None)
+    """When the first of these entries expires, if nothing takes it off before (None: nothing recorded)."""
+    return min((e.expires for e in entries), default=None)

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from cozygpu.api import Condition, ConditionStatus, GPUBudget, GPUClass
+from cozygpu.api import Condition, ConditionStatus, GPUBudget, GPUClass, kinds
 from cozygpu.api.gpubudget import GPUBudgetStatus
 from cozygpu.api.gpuclass import GPUClassStatus
 from cozygpu.api.names import CONDITION_OVER_BUDGET
-from cozygpu.decisions.budgets import usage
 from cozygpu.decisions.capacity import served_classes, taken
 from cozygpu.decisions.orders import in_flight, settle
 from cozygpu.state.cluster import Cluster
@@ -22,8 +21,9 @@ from cozygpu.state.cluster import Cluster
 
 def budget_status(cluster: Cluster, budget: GPUBudget, now: dt.datetime) -> GPUBudgetStatus:
     """Units used per class and in total; OverBudget when a lowered cap is below what is held (kept, §7.3); the
-    orders recorded on it (§7.4) less those the count has taken up, or that expired, by `now`."""
-    used = usage(cluster, budget)
+    orders recorded on it (§7.4) less those the count has taken up (`countedThrough` says how far it went), or
+    that expired by `now`."""
+    used = cluster.budget_use(*budget.key)  # this view's own count: the one a replica behind falls back on
     total = sum(used.values())
     over = [
         f"GPUClass {c}: {used.get(c, 0)} used, limit {n}"
@@ -42,13 +42,14 @@ def budget_status(cluster: Cluster, budget: GPUBudget, now: dt.datetime) -> GPUB
         message=("what is held is kept; new orders are refused: " + "; ".join(over)) if over else "",
         last_transition_time=since,
     )
-    orders, _ = settle(cluster, budget.status.orders, now, lambda namespace, name, uid: False)
+    orders, _ = settle(cluster, budget.status.orders, now, lambda namespace, name, uid: False, counting=True)
     return GPUBudgetStatus(
         used={c: n for c, n in sorted(used.items()) if n},
         used_total=total,
         conditions=[condition],
         orders=orders,
         ordered_total=in_flight(orders),
+        counted_through=str(cluster.progress(kinds.GPU_DEVICE)),
     )
 
 

@@ -41,7 +41,7 @@ from cozygpu.api.meta import now as utcnow
 from cozygpu.decisions import orders
 from cozygpu.decisions.orders import Claim, Order
 from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube
-from cozygpu.runtime.writes import Body, State, Step, Writer
+from cozygpu.runtime.writes import Body, Outcome, State, Step, Writer
 from cozygpu.state.cluster import Cluster
 
 log = structlog.get_logger("cozygpu.charges")
@@ -164,11 +164,15 @@ class Charges:
     async def _moment(self, key: BudgetKey, batch: list[_Turn]) -> None:
         """Decide every turn on one version of the budget, and write their orders in one status write."""
         budget = self._cluster.budgets.get(key)
+        # First on the view's copy as it is (no body read or parsed), then on what the API has, as Writer.update does.
+        step = None if budget is None else await self._decide(budget, batch)
+        outcome = Outcome(State.CURRENT) if step is None else await step()
+        if outcome.state is State.CONFLICT:
 
-        async def decide(current: Body | None) -> Step | None:
-            return None if current is None else await self._decide(current, batch)
+            async def decide(current: Body | None) -> Step | None:
+                return None if current is None else await self._decide(GPUBudget.from_wire(current), batch)
 
-        outcome = await self._writer.update(budget.wire() if budget else None, decide, tries=ATTEMPTS)
+            outcome = await self._writer.update(outcome.body, decide, tries=ATTEMPTS - 1)
         if outcome.state is State.CONFLICT:
             raise Busy(f"GPUBudget {key[0]}/{key[1]} is busy; try again")
         # Written, nothing to write, or the budget is gone (it limits nothing now): each turn as it was decided.
@@ -176,8 +180,7 @@ class Charges:
             if not turn.done.done():
                 turn.done.set_result((turn.refused, turn.seen))
 
-    async def _decide(self, current: Body, batch: list[_Turn]) -> Step | None:
-        budget = GPUBudget.from_wire(current)
+    async def _decide(self, budget: GPUBudget, batch: list[_Turn]) -> Step | None:
         now = self._clock()
         kept, others = orders.settle(self._cluster, budget.status.orders, now, self._mine)
         if self.legacy:

@@ -43,6 +43,11 @@ class View:
         meta = {"namespace": namespace, "name": name, "resourceVersion": resource_version}
         return self.apply(kind, {"metadata": meta}, deleted=True)
 
+    def progressed(self, kind: Kind, resource_version: str) -> None:
+        """The informer of `kind` has applied every event through this version (a list's, a watch event's)."""
+        if resource_version:
+            self.cluster._progressed(kind, resource_version)
+
     def assume(self, device: GPUDevice) -> Assumption:
         """Count the binder's decision before its write returns (§13.1); the write's answer, or a fresh read, is
         what the workers hear of it (through `apply`), after `settle`."""

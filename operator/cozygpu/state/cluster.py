@@ -65,6 +65,8 @@ class Cluster:
         # Decisions whose writes are in flight: the version each was decided on, and the assumption's token.
         self._assumed: dict[DeviceKey, tuple[int, int]] = {}
         self._assumptions = 0
+        # Per kind, the version through which the watch has delivered every event (a list's, then each event's).
+        self._progress: dict[Kind, int] = {}
         # What the change being applied touched; `_apply` hands it out as a `Change`.
         self._nodes_touched: set[str] = set()
         self._namespaces_touched: set[str] = set()
@@ -167,6 +169,10 @@ class Cluster:
         else:
             upsert(body)
         return self._change(kind, namespace, name, deleted)
+
+    def _progressed(self, kind: Kind, resource_version: str) -> None:
+        """The watch of `kind` delivered every event through this version (versions only rise)."""
+        self._progress[kind] = max(self._progress.get(kind, 0), version(resource_version))
 
     def _assume(self, device: GPUDevice) -> Assumption:
         """Count a decision whose write is in flight (§13.1): stored now, and no event of the version it
@@ -403,6 +409,11 @@ class Cluster:
         self._kubevirts.pop(key, removal)
 
     # -- reads that join the parts ---------------------------------------------------------
+
+    def progress(self, kind: Kind) -> int:
+        """The version through which the view has every watch event of `kind` (0 before its first list). What the
+        writer put in from our own writes may be newer; what other writers did after it may be missing."""
+        return self._progress.get(kind, 0)
 
     def assumed(self, namespace: str, name: str) -> bool:
         return (namespace, name) in self._assumed

@@ -272,3 +272,19 @@ def test_budget_coverage_and_use_always_match_a_scan(ops: list[tuple[str, int, i
         assert covering_budgets(c, ns) == _covering_by_scan(c, ns)
     for b in c.budgets.values():
         assert usage(c, b) == _usage_by_scan(c, b)
+
+
+def test_a_view_behind_the_budgets_count_counts_that_count() -> None:
+    """§7.4: the accountant took orders off the budget once `used` had their devices; a replica whose watch of
+    devices has not delivered that far counts the budget's `used` where it is more than its own view's, and its
+    own view again once the watch has caught up."""
+    b = budget("cap", limits={"a10": 2})
+    b["status"] = {"used": {"a10": 2}, "usedTotal": 2, "countedThrough": "500"}
+    c = cluster(classes=[gpu_class("a10")], budgets=[b])
+    order = [Order("t1", "a10", 1, "GPUDevice x")]
+    View(c).progressed(kinds.GPU_DEVICE, "499")
+    assert usage(c, c.budgets[("t1", "cap")]) == {"a10": 2}
+    assert check_orders(c, order) is not None
+    View(c).progressed(kinds.GPU_DEVICE, "500")
+    assert usage(c, c.budgets[("t1", "cap")]) == {}
+    assert check_orders(c, order) is None

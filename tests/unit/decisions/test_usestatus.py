@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cozygpu.api import ConditionStatus, GPUBudget, GPUClass, kinds
-from cozygpu.decisions.orders import SETTLE, due
+from cozygpu.decisions.orders import due
 from cozygpu.decisions.usestatus import ClassTotals, budget_status, class_status
 from cozygpu.runtime.view import View
 from tests.support.views import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, pod
@@ -40,34 +40,34 @@ def test_a_lowered_budget_is_over_budget_and_says_so() -> None:
     assert "total: 3 used, limit 2" in condition.message
 
 
-def test_budget_status_keeps_orders_in_flight_and_drops_what_the_count_took_up_or_expired() -> None:
-    """§7.4: an order whose device the count has is marked counted (it stays SETTLE more for replicas behind), one
-    counted SETTLE ago leaves, one expired leaves, one in flight stays; orderedTotal is the units not yet counted."""
-    later, soon = (EPOCH + dt.timedelta(seconds=s) for s in (60, 1))
+def test_the_count_takes_the_place_of_the_orders_whose_devices_the_watch_has_delivered() -> None:
+    """§7.4: the accountant's status lets an order go once its device is counted and the view's watch has
+    delivered it (`countedThrough` says how far); an order counted only from our own write's answer, one in flight
+    and one not yet expired stay; an expired one leaves. orderedTotal is the units still recorded."""
+    later = EPOCH + dt.timedelta(seconds=60)
 
-    def order(name: str, count: int, expires: dt.datetime, counted: dt.datetime | None = None) -> dict[str, Any]:
+    def order(name: str, count: int, expires: dt.datetime) -> dict[str, Any]:
         body = {"namespace": "t1", "name": name, "uid": f"uid-t1-{name}", "className": "a10", "count": count}
-        return {**body, "expires": expires.isoformat(), **({"counted": counted.isoformat()} if counted else {})}
+        return {**body, "expires": expires.isoformat()}
 
     b = budget("b", limits={"a10": 8})
     b["status"] = {
         "orders": [
             order("seen", 2, later),
-            order("settled", 1, later, EPOCH - SETTLE),
+            order("late", 1, later),
             order("expired", 1, EPOCH),
             order("flying", 3, later),
-            order("soon", 1, soon),
         ]
     }
-    c = cluster(
-        classes=[gpu_class("a10")],
-        devices=[device("seen", count=2, phase="Pending"), device("settled", phase="Pending")],
-        budgets=[b],
-    )
+    c = cluster(classes=[gpu_class("a10")], devices=[device("seen", count=2, phase="Pending")], budgets=[b])
+    view = View(c)
+    view.progressed(kinds.GPU_DEVICE, str(c.stored_version(kinds.GPU_DEVICE, ("t1", "seen"))))
+    view.apply(kinds.GPU_DEVICE, device("late", phase="Pending"))  # from our own write: the watch is not there yet
     status = budget_status(c, c.budgets[("t1", "b")], EPOCH)
-    assert [(o.name, o.counted) for o in status.orders] == [("seen", EPOCH), ("flying", None), ("soon", None)]
+    assert [o.name for o in status.orders] == ["late", "flying"]
     assert (status.ordered_total, status.used_total) == (4, 3)
-    assert due(status.orders) == soon
+    assert status.counted_through == str(c.progress(kinds.GPU_DEVICE))
+    assert due(status.orders) == later
 
 
 def test_class_status_sums_serving_nodes() -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from cozygpu.api import GPUBudget, kinds
 from cozygpu.api.gpubudget import BudgetOrder
-from cozygpu.decisions.orders import SETTLE, Order
+from cozygpu.decisions.orders import Order
 from cozygpu.kube.adapter import ApiError, AsyncKube, Conflict
 from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
@@ -366,9 +366,9 @@ def test_an_order_refused_by_its_second_budget_leaves_its_first() -> None:
 # -- how an order leaves the record ------------------------------------------------------------------------------
 
 
-def test_an_order_stays_until_every_replica_has_had_time_to_count_it_then_leaves() -> None:
-    """A writer whose view counts a device keeps its order SETTLE longer (a peer's watch may be behind), then drops
-    it at its next write; an order whose device never came leaves once it expires."""
+def test_a_charge_leaves_counted_orders_to_the_count_and_expired_ones_go() -> None:
+    """A replica charging a budget never takes off an order its view counts (only the accountant does, with `used`
+    in the same write); an order whose device never came leaves at the first write after it expired."""
     kube = MemKube()
     at = [dt.datetime(2026, 12, 7, tzinfo=dt.UTC)]
     r = _Replica(kube, _budgets(kube, budget("cap", limits={"a10": 8})), clock=lambda: at[0])
@@ -377,13 +377,27 @@ def test_an_order_stays_until_every_replica_has_had_time_to_count_it_then_leaves
         return [e.name for e in _record(kube, "cap")]
 
     assert asyncio.run(r.create("a")) == "admitted" and names() == ["a"]
-    at[0] += 2 * SETTLE  # a slow create: the order is old before any view counts its device
     r.sees(device("a"))
-    assert asyncio.run(r.create("b")) == "admitted" and names() == ["a", "b"]  # counted only now: kept
-    at[0] += SETTLE
-    assert asyncio.run(r.create("c")) == "admitted" and names() == ["b", "c"]
-    at[0] += dt.timedelta(seconds=30)  # b and c never came
-    assert asyncio.run(r.create("d")) == "admitted" and names() == ["d"]
+    assert asyncio.run(r.create("b")) == "admitted" and names() == ["a", "b"]
+    at[0] += dt.timedelta(seconds=31)  # b never came
+    r.sees(device("c-old", uid="c-old"))
+    assert asyncio.run(r.create("c")) == "admitted" and names() == ["c"]
+
+
+def test_a_replica_whose_watch_is_behind_the_count_counts_what_the_accountant_took_off() -> None:
+    """§7.4 across replicas: the leader's accountant took a and b off the record once `used` had them; a replica
+    whose watch has not delivered a and b yet counts `used` (2 of 2) and refuses, rather than admitting a third."""
+    kube = MemKube()
+    [cap] = _budgets(kube, budget("cap", limits={"a10": 2}))
+    cap = kube.change(
+        kinds.GPU_BUDGET, {**cap, "status": {"used": {"a10": 2}, "usedTotal": 2, "countedThrough": "900"}}, status=True
+    )
+    behind = _Replica(kube, [cap])
+    behind.view.progressed(kinds.GPU_DEVICE, "899")
+    assert asyncio.run(behind.create("c")).startswith("denied: GPUDevice c: GPUBudget t1/cap allows 2 units")
+    caught_up = _Replica(kube, [cap])
+    caught_up.view.progressed(kinds.GPU_DEVICE, "900")  # it has every device through the count: none are left
+    assert asyncio.run(caught_up.create("c")) == "admitted"
 
 
 def test_a_moment_of_many_orders_lets_the_event_loop_serve_others() -> None:

@@ -131,6 +131,7 @@ class Informer:
         if resume:
             self._at = version
             self.failing = None
+            self._view.progressed(self.kind, version)
         return forgotten, unchanged
 
     async def run(self) -> None:
@@ -187,3 +188,4 @@ class Informer:
             elif event != "BOOKMARK":
                 self._take(body, deleted=event == "DELETED")
             self._at = _version(body) or self._at
+            self._view.progressed(self.kind, self._at)

@@ -16,11 +16,12 @@ import datetime as dt
 import structlog
 
 from cozygpu.api import ConditionStatus, GPUNode, kinds
+from cozygpu.api.gpubudget import GPUBudgetStatus
 from cozygpu.api.meta import now as utcnow
 from cozygpu.api.names import API_VERSION
 from cozygpu.decisions.budgets import covering_budgets
 from cozygpu.decisions.nodestatus import gpunode_status
-from cozygpu.decisions.orders import due
+from cozygpu.decisions.orders import counted, due
 from cozygpu.decisions.usestatus import ClassTotals, budget_status
 from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.writes import State, Writer
@@ -33,7 +34,16 @@ def _comparable(node: GPUNode) -> dict[str, object]:
     return node.status.model_dump(mode="json", exclude_none=True)
 
 
+def _same(status: GPUBudgetStatus, before: GPUBudgetStatus) -> bool:
+    """Nothing to write: how far the count went is written with a change, never alone."""
+    return status.model_dump(mode="json", exclude={"counted_through"}) == before.model_dump(
+        mode="json", exclude={"counted_through"}
+    )
+
+
 BATCH_WINDOW = 0.25
+# How soon a budget is looked at again whose record holds orders counted but not yet taken off.
+RECOUNT = dt.timedelta(seconds=1)
 
 
 class Accountant:
@@ -93,12 +103,17 @@ class Accountant:
         """Budgets covering the changed namespaces; classes whose totals or held units moved (from counters)."""
         budgets = {b.key: b for ns in namespaces for b in covering_budgets(self._cluster, ns)}
         for key, budget in sorted(budgets.items()):
-            status = budget_status(self._cluster, budget, utcnow())
-            if (when := due(status.orders)) is not None:
+            now = utcnow()
+            status = budget_status(self._cluster, budget, now)
+            when = due(status.orders)
+            if any(counted(self._cluster, o) for o in status.orders):
+                # Counted from our own write's answer, not yet from the watch: taken off once the watch has it.
+                when = min(when or now + RECOUNT, now + RECOUNT)
+            if when is not None:
                 self._due[key] = when
             else:
                 self._due.pop(key, None)
-            if status.model_dump(mode="json") == budget.status.model_dump(mode="json"):
+            if _same(status, budget.status):
                 continue
             await self._write_status(kinds.GPU_BUDGET, budget.model_copy(update={"status": status}).wire())
             was = [c.status for c in budget.status.conditions]
