@@ -121,6 +121,20 @@ class Settings(BaseModel):
         description="Idle held devices one placement may move to other nodes to make room for an order that fits "
         "nowhere (§5.7); 0: never. A class may forbid it for its own devices (spec.idleMoves: Never).",
     )
+    evacuations_per_node: int = Field(
+        default=2,
+        ge=1,
+        le=64,
+        description="Evacuations (§6.8) under way at once off one cordoned node: idle held devices moved to other "
+        "nodes (like KubeVirt's parallelOutboundMigrationsPerNode).",
+    )
+    evacuations: int = Field(
+        default=5,
+        ge=1,
+        le=256,
+        description="Evacuations (§6.8) under way at once in the cluster (like KubeVirt's "
+        "parallelMigrationsPerCluster).",
+    )
     idle_move_after: float = Field(
         default=120,
         ge=0,

@@ -114,3 +114,27 @@ def test_a_class_that_forbids_idle_moves_leaves_the_eight_gpu_device_waiting(
         assert not [e for e in kube.list(kinds.kind("Event"), other) if e["reason"] == "Moved"]
     finally:
         kube.delete(kinds.GPU_CLASS, gpu.cls)
+
+
+def test_an_idle_device_leaves_a_cordoned_node_so_the_node_can_go_without_a_device_lost(
+    operator: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§6.8 (issue 37 item 4): a node cordoned for maintenance; the idle held device on it moves to the other node,
+    its tenant told why by a `Moved` Event; the node deleted afterwards leaves the device Bound, not Lost."""
+    first = gpu_node({gpu.resource: 8}, name=f"a-{gpu.cls}")["metadata"]["name"]
+    second = gpu_node({gpu.resource: 8}, name=f"b-{gpu.cls}")["metadata"]["name"]
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("idle", namespace, gpu.cls, 2))
+    home = wait_for("idle bound", lambda: _bound_on(kube, namespace, "idle"))
+    away = second if home == first else first
+    kube.patch(kinds.NODE, home, {"spec": {"unschedulable": True}})
+    assert wait_for("idle moved off the cordoned node", lambda: _bound_on(kube, namespace, "idle") == away or None)
+
+    def told() -> list[str] | None:
+        said = [e.get("message", "") for e in kube.list(kinds.kind("Event"), namespace) if e.get("reason") == "Moved"]
+        return [m for m in said if "node maintenance" in m and home in m] or None
+
+    assert wait_for("the Moved Event", told)
+    kube.delete(kinds.NODE, home)
+    with pytest.raises(AssertionError, match="timed out"):
+        wait_for("idle Lost", lambda: _status(kube, namespace, "idle").get("phase") == "Lost" or None, timeout=3)
+    assert _bound_on(kube, namespace, "idle") == away

@@ -1,8 +1,9 @@
 """Idle moves (§5.7): which idle held devices to move, and where, so that a set no node can take fits on one.
 
-Called by the binder's mover (runtime.workers.mover) when `placement.place` found no node with the units
+Called by the binder's mover (runtime.workers.binder.mover) when `placement.place` found no node with the units
 free (`NoPlacement.full`). Pure: it reads the view and returns a `RoomPlan`, or None when no plan of at
-most `limit` moves exists among the nodes it looks at.
+most `limit` moves exists among the nodes it looks at. The same mover asks `leaving` which idle devices leave
+cordoned nodes, and where to (§6.8: a node taken out of service leaves no device Lost).
 
 Only idle devices move (`GPUDevice.idle`: Bound, attached to no VMI, in no open request; never a template
 device), of classes that allow it (`GPUClass.spec.idleMoves`), idle for `idle_after` seconds at least (a
@@ -16,7 +17,7 @@ reads the few devices on its node, and each move's destination comes from the mo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cozygpu.api import GPUClass, GPUDevice, IdleMoves
@@ -57,6 +58,31 @@ def movable(cluster: Cluster, device: GPUDevice, idle_after: float = 0.0) -> boo
     if idle_for is None or idle_for < idle_after or cluster.named_by_open_request(*key):
         return False
     return not cluster.assumed(*key)
+
+
+def leaving(cluster: Cluster, idle_after: float, room: Callable[[str], int], most: int) -> list[Move]:
+    """§6.8: idle held devices on cordoned nodes that may move (`movable`), each to the fullest node of its class that
+    takes it: at most `room(node)` off each node and `most` in all, the cordoned nodes by name, on each the largest
+    devices first. A device no node takes stays, and is looked at again when room for its class appears. O(the
+    devices on cordoned nodes), not the cluster."""
+    into: dict[tuple[str, str], int] = {}
+    moves: list[Move] = []
+    for name in sorted(cluster.cordoned()):
+        if len(moves) >= most:
+            break
+        left = room(name)
+        idle = [d for d in cluster.devices_on(name) if d.status.node_name == name and movable(cluster, d, idle_after)]
+        for d in sorted(idle, key=lambda d: (-d.spec.count, *d.key)):
+            if left <= 0 or len(moves) >= most:
+                break
+            resource = cluster.classes[d.spec.class_name].spec.resource_name
+            to = _destination(cluster, d, resource, name, into)
+            if to is None:
+                continue
+            moves.append(Move(d, to))
+            into[(to, resource)] = into.get((to, resource), 0) + d.spec.count
+            left -= 1
+    return moves
 
 
 def plan_room(cluster: Cluster, devices: Sequence[GPUDevice], limit: int, idle_after: float = 0.0) -> RoomPlan | None:

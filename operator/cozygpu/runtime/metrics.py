@@ -57,6 +57,13 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        self.evacuations = Tally(
+            "cozygpu_evacuations_total",
+            "Evacuations off cordoned nodes (§6.8), by what moved (device: an idle held device) and result (Moved, "
+            "Failed).",
+            ["what", "result"],
+            registry=self.registry,
+        )
         self.refused_connections = Tally(
             "cozygpu_webhook_connections_refused_total",
             "Connections the webhook port turned away before or during TLS (§14.1), by reason: peer_connections"

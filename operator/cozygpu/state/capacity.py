@@ -40,6 +40,8 @@ class Capacity:
         self._classes = classes
         self._clock = clock
         self.nodes: Store[str, NodeInfo] = Store(tombstones)
+        # Nodes taken out of service (spec.unschedulable): what is idle there leaves them (§6.8).
+        self.cordoned: set[str] = set()
         # Nodes by the resources in their allocatable: placement looks only at nodes that have them.
         self._nodes_by_resource: dict[str, set[str]] = defaultdict(set)
         # Per resource, how many nodes serve each count of units: the largest a node has, without a scan (§3.7).
@@ -91,6 +93,7 @@ class Capacity:
     def put_node(self, node: NodeInfo) -> bool:
         """Store the node; whether anything a decision reads changed (a heartbeat changes nothing)."""
         old = self.nodes.put(node.name, node, node.resource_version)
+        (self.cordoned.add if node.unschedulable else self.cordoned.discard)(node.name)
         self._unindex_node(old)
         for resource, units in node.allocatable.items():
             self._nodes_by_resource[resource].add(node.name)
@@ -105,6 +108,7 @@ class Capacity:
     @writes
     def pop_node(self, name: str, removal: str | None) -> NodeInfo | None:
         old = self.nodes.pop(name, removal)
+        self.cordoned.discard(name)
         self._unindex_node(old)
         self._served |= self.serving._node_changed(old, None, self._classes, self.free_units)
         for resource in old.allocatable if old else ():

@@ -410,6 +410,10 @@ class Cluster:
 
     # -- reads that join the parts ---------------------------------------------------------
 
+    def cordoned(self) -> frozenset[str]:
+        """Nodes taken out of service (spec.unschedulable), kept per node event: what is idle there leaves (§6.8)."""
+        return frozenset(self._capacity.cordoned)
+
     def progress(self, kind: Kind) -> int:
         """The version through which the view has every watch event of `kind` (0 before its first list). What the
         writer put in from our own writes may be newer; what other writers did after it may be missing."""

@@ -96,6 +96,8 @@ class Operator:
             charges=self.charges,
             idle_moves=settings.max_idle_moves,
             idle_after=settings.idle_move_after,
+            evacuations_per_node=settings.evacuations_per_node,
+            evacuations=settings.evacuations,
         )
         self.collector = Collector(
             self.cluster,

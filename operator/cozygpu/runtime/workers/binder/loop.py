@@ -58,6 +58,8 @@ class Binder:
         charges: Charges | None = None,
         idle_moves: int = 0,
         idle_after: float = 0.0,
+        evacuations_per_node: int = 2,
+        evacuations: int = 5,
     ) -> None:
         """`charges`: where the binds that add use under a budget are charged across replicas (None: one replica);
         `idle_moves`, `idle_after`: how many idle devices one placement may move, idle how long (§5.7; 0: never);
@@ -86,6 +88,8 @@ class Binder:
             events=events,
             metrics=metrics,
             idle_after=idle_after,
+            evacuations_per_node=evacuations_per_node,
+            evacuations=evacuations,
         )
         self._confirmations = (
             Confirmations(cluster, writer, charges, reserved, self.queue) if charges is not None else None
@@ -99,8 +103,11 @@ class Binder:
         self.queue.listen()
 
     def changed(self, change: Change) -> None:
-        """A change in the view, for the waiting room, with what the mover says of where room may be made."""
+        """A change in the view, for the waiting room, with what the mover says of where room may be made; and for
+        the mover, whether idle devices may leave a cordoned node now (§6.8)."""
         self.queue.changed(change, self.mover.heard(change.reach))
+        if (change.nodes or change.room) and self.mover.heard_nodes(change.nodes, change.room):
+            self.queue.poke()
 
     async def _breathe(self) -> None:
         """Hand the event loop back when this task has held it for YIELD_EVERY."""
@@ -135,6 +142,7 @@ class Binder:
         await self._writer.recheck()
         self.queue.asked = False
         waiting = await self._answer_requests() or self._writer.doubtful
+        self.mover.evacuate()  # after the requests: an order's answer comes before a move off a cordoned node
         await self._mark_lost()
         await self._place_waiting()
         return waiting

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions import transitions
-from cozygpu.decisions.idlemoves import RoomPlan, plan_room
+from cozygpu.decisions.idlemoves import Move, RoomPlan, leaving, plan_room
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
@@ -48,6 +48,8 @@ class Mover:
         events: Recorder | None = None,
         metrics: Metrics | None = None,
         idle_after: float = 0.0,
+        evacuations_per_node: int = 2,
+        evacuations: int = 5,
     ) -> None:
         """`queue`: the binder's waiting room, told of room a move left on its old node and of the sets to decide
         again once their moves are written; `dispatcher`: runs the moves' writes (cancelled with the binder);
@@ -68,6 +70,79 @@ class Mover:
         self._ripened: float | None = None
         self._plans = 0  # plans whose moves are being written, at most PLANS
         self.moved = 0  # devices moved since start, for the bench and tests
+        # §6.8: idle devices leaving cordoned nodes, paced: their writes under way, by device, with their old node.
+        self._per_node, self._evacuations = evacuations_per_node, evacuations
+        self._leaving: dict[DeviceKey, str] = {}
+        self._evacuation_due = True  # looked at on the first pass, then when something may let one more go
+        self._stuck: set[str] = set()  # classes of devices that found no other node: room for them is worth a look
+
+    def heard_nodes(self, nodes: frozenset[str], room: frozenset[str]) -> bool:
+        """A change named these nodes and left room in these classes: whether idle devices may leave a cordoned node
+        now (one was cordoned, or room appeared for a class one of them waits on). Nothing else wakes it (§14.3)."""
+        if (nodes & self._cluster.cordoned()) or (room & self._stuck):
+            self._evacuation_due = True
+        return self._evacuation_due
+
+    def evacuate(self) -> None:
+        """§6.8: start moving idle held devices off cordoned nodes to nodes that take them, at most
+        `evacuations_per_node` under way off a node and `evacuations` in all; each counted in the view at once
+        (assumed), written in the background, with a `Moved` Event saying why. Called on each pass, it looks only
+        when something happened that may let one more go."""
+        if not self._evacuation_due:
+            return
+        self._evacuation_due = False
+        if not self._cluster.cordoned():
+            self._stuck = set()
+            return
+        under_way: dict[str, int] = {}
+        for origin in self._leaving.values():
+            under_way[origin] = under_way.get(origin, 0) + 1
+        moves = leaving(
+            self._cluster,
+            self._idle_after,
+            lambda node: self._per_node - under_way.get(node, 0),
+            self._evacuations - len(self._leaving),
+        )
+        self._stuck = self._stuck_classes(moves)
+        now = self._clock()
+        for move in moves:
+            new = transitions.bound(move.device, move.to, now)
+            assumption = self._writer.assume(new)  # counted on both nodes until written (state.capacity)
+            self._queue.gained(assumption.room)
+            self._leaving[move.device.key] = move.origin
+            self._dispatcher.spawn(self._write_leaving(move, new, assumption.token))
+
+    def _stuck_classes(self, moves: Sequence[Move]) -> set[str]:
+        """Classes of idle devices still on cordoned nodes after `moves`: room for them is worth another look."""
+        going = {m.device.key for m in moves} | set(self._leaving)
+        return {
+            d.spec.class_name
+            for name in self._cluster.cordoned()
+            for d in self._cluster.devices_on(name)
+            if d.key not in going and d.status.node_name == name and d.idle
+        }
+
+    async def _write_leaving(self, move: Move, new: GPUDevice, token: int) -> None:
+        try:
+            outcome = await self._writer.replace_status(kinds.GPU_DEVICE, new.wire(), assumption=token)
+            written, error = outcome.written, None
+        except Exception as e:  # the API failed us: the view has the device as the API has it, tried again later
+            written, error = False, e
+        finally:
+            self._leaving.pop(move.device.key, None)
+            self._evacuation_due = True  # one fewer under way: the next may go
+            self._queue.poke()
+        if self._metrics is not None:
+            self._metrics.evacuations.labels("device", "Moved" if written else "Failed").inc()
+        if not written:
+            reports.move_failed(move, error)
+            return
+        self.moved += 1
+        reports.moved_off_cordoned(move, self._events)
+
+    def _moving(self) -> bool:
+        """Whether idle devices may move at all now: for someone else (§5.7), or off a cordoned node (§6.8)."""
+        return self.limit > 0 or bool(self._cluster.cordoned())
 
     def heard(self, reach: frozenset[str]) -> frozenset[str]:
         """Classes where a node's free plus idle units rose: those to decide again now, since the idle devices there
@@ -76,18 +151,21 @@ class Mover:
 
     def ripe(self) -> frozenset[str]:
         """Classes served where devices have been idle `idle_after` seconds since last asked: their oldest waiting
-        are decided again (§5.5, §5.7). O(log n) plus the devices that ripened."""
-        if self.limit <= 0:
+        are decided again (§5.5, §5.7), and devices on cordoned nodes may leave now (§6.8). O(log n) plus the devices
+        that ripened."""
+        if not self._moving():
             return frozenset()
         until = self._cluster.idle_clock() - self._idle_after
         after, self._ripened = self._ripened, until
         if after is None or until <= after:
             return frozenset()
-        return frozenset(self._cluster.turned_idle(after, until))
+        if self._cluster.cordoned():
+            self._evacuation_due = True  # a device on a cordoned node (which serves no class) may have ripened
+        return frozenset(self._cluster.turned_idle(after, until)) if self.limit > 0 else frozenset()
 
     def sooner(self, timeout: float | None) -> float | None:
         """The binder's wait, shortened to when the next device that turned idle may move."""
-        if self.limit <= 0 or self._ripened is None:
+        if not self._moving() or self._ripened is None:
             return timeout
         since = self._cluster.next_idle(self._ripened)
         if since is None:

@@ -81,6 +81,26 @@ def moved_idle(move: Move, events: Recorder | None, room_for: Sequence[GPUDevice
         )
 
 
+def moved_off_cordoned(move: Move, events: Recorder | None) -> None:
+    """§6.8: an idle device left a node taken out of service for one that serves its class."""
+    device = move.device
+    log.info(
+        "device.moved",
+        namespace=device.namespace,
+        device=device.name,
+        node=move.origin,
+        to=move.to,
+        reason="node maintenance",
+    )
+    if events is not None:
+        events.post(
+            device,
+            "Moved",
+            f"node maintenance: moved from node {move.origin}, which is cordoned, to {move.to} while attached to no"
+            " VMI (§6.8)",
+        )
+
+
 def move_failed(move: Move, error: BaseException | None) -> None:
     log.info(
         "device.move_failed",
