@@ -59,30 +59,32 @@ def answered(
 
 def moved_idle(move: Move, events: Recorder | None, room_for: Sequence[GPUDevice]) -> None:
     """§5.7: an idle device was moved to make room on its old node for the set `room_for` (named in the log alone)."""
-    device, d = move.device, room_for[0]
-    vmi = d.status.attached_to.vmi if d.status.attached_to is not None else None
-    log.info(
-        "device.moved",
-        namespace=device.namespace,
-        device=device.name,
-        node=move.origin,
-        to=move.to,
-        reason="idle",
+    d = room_for[0]
+    _moved(
+        move,
+        events,
+        "idle",
+        f"moved from node {move.origin} to {move.to} while attached to no VMI, to make room on {move.origin} "
+        "for an order that fit on no node (§5.7)",
         for_namespace=d.namespace,
-        for_vmi=vmi,
+        for_vmi=d.status.attached_to.vmi if d.status.attached_to is not None else None,
         for_devices=[x.name for x in room_for],
     )
-    if events is not None:
-        events.post(
-            device,
-            "Moved",
-            f"moved from node {move.origin} to {move.to} while attached to no VMI, to make room on {move.origin} "
-            "for an order that fit on no node (§5.7)",
-        )
 
 
 def moved_off_cordoned(move: Move, events: Recorder | None) -> None:
     """§6.8: an idle device left a node taken out of service for one that serves its class."""
+    _moved(
+        move,
+        events,
+        "node maintenance",
+        f"node maintenance: moved from node {move.origin}, which is cordoned, to {move.to} while attached to no"
+        " VMI (§6.8)",
+    )
+
+
+def _moved(move: Move, events: Recorder | None, reason: str, message: str, **context: object) -> None:
+    """The log line for the platform team (with `context`), the Event for the device's tenant (naming only its own)."""
     device = move.device
     log.info(
         "device.moved",
@@ -90,15 +92,11 @@ def moved_off_cordoned(move: Move, events: Recorder | None) -> None:
         device=device.name,
         node=move.origin,
         to=move.to,
-        reason="node maintenance",
+        reason=reason,
+        **context,
     )
     if events is not None:
-        events.post(
-            device,
-            "Moved",
-            f"node maintenance: moved from node {move.origin}, which is cordoned, to {move.to} while attached to no"
-            " VMI (§6.8)",
-        )
+        events.post(device, "Moved", message)
 
 
 def move_failed(move: Move, error: BaseException | None) -> None:
