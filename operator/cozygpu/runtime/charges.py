@@ -48,6 +48,10 @@ log = structlog.get_logger("cozygpu.charges")
 
 # Writes a moment may lose to other writers of the same budget before its orders fail closed.
 ATTEMPTS = 20
+# Orders one budget records at once (about 250 bytes each): past that its own tenants' orders are refused until some
+# are counted or expire, so creates that never come cannot make a budget's writes, and every replica's reading of
+# them, grow without bound where its limits are large (§14).
+RECORD_MOST = 1024
 # A moment's decisions yield to the event loop after this many, or this long (§14.3: a pass yields every 2 ms).
 YIELD_EVERY, YIELD_AFTER = 32, 0.002
 
@@ -136,9 +140,6 @@ class Charges:
         except Exception as e:  # left to expire: the record is bounded by the budget's limits and the ttl
             log.warning("charges.withdraw_failed", namespace=key[0], budget=key[1], error=str(e))
 
-    def _covers(self, budget: GPUBudget, namespace: str) -> bool:
-        return any(b.key == budget.key for b in self._cluster.budgets_covering(namespace))
-
     def _turn(self, key: BudgetKey, turn: _Turn) -> asyncio.Future[tuple[str | None, dict[Claim, Order]]]:
         self._queues.setdefault(key, []).append(turn)
         task = self._tasks.get(key)
@@ -186,7 +187,7 @@ class Charges:
         if self.legacy:
             self.legacy = [e for e in self.legacy if e.expires > now]
             covered = [
-                e for e in self.legacy if budget.key in {b.key for b in self._cluster.budgets_covering(e.namespace)}
+                e for e in self.legacy if any(b.key == budget.key for b in self._cluster.budgets_covering(e.namespace))
             ]
             others.update(orders.settle(self._cluster, covered, now, self._mine)[1])
         new: dict[Claim, Order] = {}
@@ -202,6 +203,11 @@ class Charges:
             if turn.decide is None:
                 withdrawn |= turn.claims.keys()
                 continue
+            if turn.refused is None and len(kept) + len(new) + len(turn.claims) > RECORD_MOST:
+                turn.refused = (
+                    f"GPUBudget {budget.namespace}/{budget.name} has {len(kept) + len(new)} orders not yet counted,"
+                    f" the most it records; retry once they are counted or have expired (within {self._ttl.seconds} s)"
+                )
             if turn.refused is None:
                 turn.seen = others
                 try:

@@ -15,6 +15,7 @@ from cozygpu.api import GPUBudget, kinds
 from cozygpu.api.gpubudget import BudgetOrder
 from cozygpu.decisions.orders import Order
 from cozygpu.kube.adapter import ApiError, AsyncKube, Conflict
+from cozygpu.runtime import charges
 from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Validation
@@ -339,6 +340,29 @@ def test_a_tenants_creates_that_never_make_a_device_cannot_outgrow_its_budget_no
     flood, victim = asyncio.run(run())
     assert flood.count("admitted") == 5 and victim == "admitted"
     assert sum(e.count for e in _record(kube, "mine")) == 5
+
+
+def test_a_budget_of_large_limits_records_at_most_so_many_orders_and_another_budget_is_not_held_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """§14: with limits far above what is used, creates that never come would grow the budget's record (and every
+    write and reading of it) without bound; past RECORD_MOST orders not yet counted its own tenants' creates are
+    refused, naming the budget, and another budget's create is admitted."""
+    monkeypatch.setattr(charges, "RECORD_MOST", 8)
+    kube = MemKube()
+    budgets = _budgets(
+        kube, budget("huge", limits={"a10": 1_000_000}), budget("other", namespace="v", limits={"a10": 1})
+    )
+    r = _Replica(kube, budgets, units=64)
+
+    async def run() -> tuple[list[str], str]:
+        flood = [await r.create(f"f{i}") for i in range(12)]
+        return flood, await r.create("v1", namespace="v")
+
+    flood, elsewhere = asyncio.run(run())
+    assert flood[:8] == ["admitted"] * 8 and elsewhere == "admitted"
+    assert all(o.startswith("denied: GPUBudget t1/huge has 8 orders not yet counted") for o in flood[8:]), flood[8]
+    assert len(_record(kube, "huge")) == 8
 
 
 def test_an_order_refused_by_its_second_budget_leaves_its_first() -> None:

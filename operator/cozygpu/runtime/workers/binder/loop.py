@@ -20,7 +20,7 @@ import structlog
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.api.meta import now as utcnow
 from cozygpu.decisions import transitions
-from cozygpu.decisions.orders import Claim, Order
+from cozygpu.decisions.orders import Order
 from cozygpu.decisions.placement import Placement, place
 from cozygpu.decisions.requests import Answer, Assessment, Wait, assess
 from cozygpu.decisions.waiting import fits_now, lost, overtakes, to_decide
@@ -28,7 +28,7 @@ from cozygpu.runtime.charges import Charges
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.workers.binder import reports
-from cozygpu.runtime.workers.binder.confirmations import Confirmations
+from cozygpu.runtime.workers.binder.confirmations import Bind, Confirmations
 from cozygpu.runtime.workers.binder.dispatcher import Dispatcher, Slot
 from cozygpu.runtime.workers.binder.mover import Mover
 from cozygpu.runtime.workers.binder.queue import WaitingRoom
@@ -204,8 +204,8 @@ class Binder:
         tokens = [a.token for a in assumptions]
         for assumption in assumptions:
             self.queue.note_room(assumption.room)  # a gather left room on the nodes it moved devices off
-        orders = self._confirmations.orders_of(answer) if self._confirmations is not None else {}
-        slot.hand(self._write_answer(answer, news, tokens, time.monotonic(), orders))
+        bind = self._confirmations.orders_of(answer) if self._confirmations is not None else None
+        slot.hand(self._write_answer(answer, news, tokens, time.monotonic(), bind))
 
     async def _write_answer(
         self,
@@ -213,10 +213,10 @@ class Binder:
         news: list[GPUDevice],
         tokens: list[int],
         started: float,
-        orders: dict[Claim, Order] | None = None,
+        bind: Bind | None = None,
     ) -> None:
-        if orders and self._confirmations is not None:
-            answer, news, tokens = await self._confirmations.confirmed(answer, news, tokens, orders)
+        if bind is not None and self._confirmations is not None:
+            answer, news, tokens = await self._confirmations.confirmed(bind, news, tokens)
         request = answer.request
         results = await asyncio.gather(
             *(self._write(new, token=t) for new, t in zip(news, tokens, strict=True)), return_exceptions=True

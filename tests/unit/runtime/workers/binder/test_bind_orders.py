@@ -7,14 +7,17 @@ import asyncio
 import datetime as dt
 from typing import Any
 
+import pytest
+
 from cozygpu.api import kinds
 from cozygpu.api.meta import now
+from cozygpu.runtime import charges
 from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Validation
 from cozygpu.runtime.charges import Charges
 from cozygpu.runtime.view import View
-from cozygpu.runtime.workers.binder import Binder
+from cozygpu.runtime.workers.binder import Binder, loop
 from cozygpu.runtime.writes import Writer
 from tests.support.memkube import MemKube
 from tests.support.views import A10, budget, cluster, created, device, gpu_class, node, request
@@ -155,6 +158,20 @@ def test_of_two_binds_the_newest_gives_way() -> None:
     assert (first["phase"], later["status"]) == ("Bound", "Failed"), (first, later)
 
 
+def test_the_newest_bind_gives_way_even_when_the_oldest_is_charged_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The binder hands the loop back between the two decisions, so the budget's moment holds the oldest bind alone
+    while the newest is already counted in the view: the newest still gives way (the oldest was refused so, now and
+    then, when a pass ran long)."""
+    monkeypatch.setattr(loop, "YIELD_EVERY", 0.0)  # a pass hands the loop back before every request
+    binder, view, kube = _leader()
+    assert _held(_replica(kube), "h1")
+    start = now()
+    _template_set(view, kube, "first", start)
+    _template_set(view, kube, "later", start + dt.timedelta(seconds=1))
+    first, later = _answered(binder, kube, "first", "later")
+    assert (first["phase"], later["status"]) == ("Bound", "Failed"), (first, later)
+
+
 def test_a_bind_under_no_budget_writes_no_budget() -> None:
     """Only orders a budget can refuse are charged: a namespace no budget covers binds without a budget write."""
     binder, view, kube = _leader()
@@ -173,3 +190,15 @@ def test_a_bind_charged_to_its_budget_is_recorded_there() -> None:
     orders = ((kube.stored(kinds.GPU_BUDGET, "cap", NS) or {}).get("status") or {}).get("orders") or []
     assert answer["phase"] == "Bound" and [(o["name"], o["count"]) for o in orders] == [("t", 1)]
     assert orders[0]["uid"] == (kube.stored(kinds.GPU_DEVICE, "t", NS) or {})["metadata"]["uid"]
+
+
+def test_a_bind_its_budget_cannot_record_is_refused_not_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A budget recording the most orders it holds refuses the leader's template bind too: taken back in the view and
+    answered Failed with the budget named, not left Bound (the refusal came from the charge, not the bind's check)."""
+    monkeypatch.setattr(charges, "RECORD_MOST", 0)
+    binder, view, kube = _leader()
+    _template_set(view, kube, "t", now())
+    [answer] = _answered(binder, kube, "t")
+    assert answer["status"] == "Failed" and answer["phase"] != "Bound", answer
+    assert "GPUBudget t1/cap has 0 orders not yet counted" in answer["message"], answer
+    assert view.cluster.budget_use(NS, "cap").get("a10", 0) == 0
