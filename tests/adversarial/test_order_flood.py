@@ -3,9 +3,10 @@
 Mallory's namespaces are each at their ResourceQuota's object count for GPUDevices, so each of her creates passes the
 operator's webhook, which charges its order to her namespace's budget, and is then refused by the quota, which the
 API server checks after the webhooks: the device never comes, and its order stays charged until it expires. Through
-the one order ledger of issue 21 (one ConfigMap every budgeted order of every tenant wrote), such a flood once took
-the ledger past the API server's 1 MiB and failed every tenant's budgeted create; then, bounded by shares, it still
-refused another tenant's creates while it was full. Charged to the budgets they spend, her orders only fill her own.
+the one order ledger of issue 21 (one ConfigMap every budgeted order of every tenant wrote), such a flood with names
+of 253 characters once took the ledger past the API server's 1 MiB and failed every tenant's budgeted create; then,
+bounded by shares, the ledger's room was still one for every tenant. Charged to the budgets they spend, her orders
+only fill her own, each at most RECORD_MOST orders, and no object that other tenants' orders write grows with them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from cozygpu.api.kinds import Kind
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
+from cozygpu.runtime.charges import RECORD_MOST
 from tests.support.bodies import budget_body, gpu_device_body
 from tests.support.invariants import assert_invariants
 from tests.support.nodes import Gpu, GPUNodeFactory
@@ -31,9 +33,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.adversarial]
 
 QUOTA = Kind("v1", "ResourceQuota", "resourcequotas", True)
 COUNT = "count/gpudevices.gpu.cozystack.io"
-FLOOD = 600  # over her three namespaces, well within the 30 s an order whose device never came stays
+FLOOD = 3200  # over her three namespaces: past the ledger's room for held orders with these names, within 30 s
 VICTIM = 10  # the victim's creates, one after another while the flood goes on
-LIMIT = 5  # units each of her budgets allows
 
 
 def _quota_of_nothing(kube: Kube, namespace: str) -> None:
@@ -53,13 +54,14 @@ def test_a_tenant_flooding_creates_that_never_come_fills_only_its_own_budgets(
     gpu_node: GPUNodeFactory,
     tmp_path: Path,
 ) -> None:
-    """Mallory, over three namespaces each under its own budget, floods creates her quotas refuse after admission:
-    each budget records at most its limit in units, past which the operator refuses hers naming her budget; every
-    create the victim makes under its own budget meanwhile is admitted; and she cannot write a budget's record."""
+    """Mallory, over three namespaces each under a budget of her own with room to spare, floods creates of the
+    longest names that her quotas refuse after admission: each budget records at most RECORD_MOST orders, past
+    which the operator refuses hers naming her budget; every create the victim makes under its own budget meanwhile
+    is admitted; and she cannot write a budget's record."""
     gpu_node({gpu.resource: 8}, name=f"flood-{gpu.cls}")
     mallory = [make_tenant(control_plane, kube, "mallory", tmp_path) for _ in range(3)]
     for tenant in (*mallory, victim):
-        kube.create(kinds.GPU_BUDGET, budget_body(tenant.namespace, total=LIMIT if tenant in mallory else 100))
+        kube.create(kinds.GPU_BUDGET, budget_body(tenant.namespace, total=100_000))
     for tenant in mallory:
         _quota_of_nothing(kube, tenant.namespace)
     for tenant in (*mallory, victim):
@@ -68,7 +70,8 @@ def test_a_tenant_flooding_creates_that_never_come_fills_only_its_own_budgets(
     def create(i: int) -> str:
         tenant = mallory[i % len(mallory)]
         try:
-            tenant.kube.create(kinds.GPU_DEVICE, gpu_device_body(f"f{i:05d}", tenant.namespace, gpu.cls, 1))
+            name = f"f{i:05d}-" + "x" * 246  # 253 characters, the longest name
+            tenant.kube.create(kinds.GPU_DEVICE, gpu_device_body(name, tenant.namespace, gpu.cls, 1))
         except ApiError as e:
             return e.message
         return "created"
@@ -88,11 +91,11 @@ def test_a_tenant_flooding_creates_that_never_come_fills_only_its_own_budgets(
         answers = list(flood)
     assert mine == ["created"] * VICTIM, next(a for a in mine if a != "created")
     by_quota = sum("exceeded quota" in a for a in answers)
-    by_budget = sum(f"GPUBudget {t.namespace}/cap allows {LIMIT} units in total" in a for a in answers for t in mallory)
-    assert by_quota > 0 and by_budget > 0 and by_quota + by_budget == FLOOD, {a[:160] for a in answers}
+    by_budget = sum(f"GPUBudget {t.namespace}/cap has {RECORD_MOST} orders" in a for a in answers for t in mallory)
+    assert by_quota > 0 and by_quota + by_budget == FLOOD, {a[:160] for a in answers}
     for tenant in mallory:
         status = kube.get(kinds.GPU_BUDGET, "cap", tenant.namespace).get("status") or {}
-        assert sum(o["count"] for o in status.get("orders") or []) <= LIMIT, status
+        assert len(status.get("orders") or []) <= RECORD_MOST
         assert tenant.kube.list(kinds.GPU_DEVICE, tenant.namespace) == []
     mine_budget = mallory[0].kube.get(kinds.GPU_BUDGET, "cap", mallory[0].namespace)
     mine_budget["status"] = {"orders": []}

@@ -48,10 +48,10 @@ log = structlog.get_logger("cozygpu.charges")
 
 # Writes a moment may lose to other writers of the same budget before its orders fail closed.
 ATTEMPTS = 20
-# Orders one budget records at once (about 250 bytes each): past that its own tenants' orders are refused until some
-# are counted or expire, so creates that never come cannot make a budget's writes, and every replica's reading of
-# them, grow without bound where its limits are large (§14).
-RECORD_MOST = 1024
+# Orders one budget records at once (at most about 450 bytes each): past that its own tenants' orders are refused
+# until some are counted or expire, so creates that never come cannot make a budget's writes, and every replica's
+# reading of them, grow without bound where its limits are large (§14). A burst's orders leave within a second.
+RECORD_MOST = 512
 # A moment's decisions yield to the event loop after this many, or this long (§14.3: a pass yields every 2 ms).
 YIELD_EVERY, YIELD_AFTER = 32, 0.002
 
