@@ -146,15 +146,21 @@ def test_a_held_create_on_another_replica_counts_the_leaders_template_bind() -> 
     assert [_held(b, "h1"), _held(b, "h2")] == [True, False]
 
 
-def test_of_two_binds_the_newest_gives_way() -> None:
-    """One held unit admitted elsewhere, two template binds of one unit each against a limit of 2: the bind asked
-    for first is bound, the later one refused."""
+def _two_binds_with_one_unit_held_elsewhere() -> list[Body]:
+    """One held unit admitted on another replica; template binds `first` and, a second later, `later`, of one unit
+    each against LIMIT (2): their answers."""
     binder, view, kube = _leader()
     assert _held(_replica(kube), "h1")
     start = now()
     _template_set(view, kube, "first", start)
     _template_set(view, kube, "later", start + dt.timedelta(seconds=1))
-    first, later = _answered(binder, kube, "first", "later")
+    return _answered(binder, kube, "first", "later")
+
+
+def test_of_two_binds_the_newest_gives_way() -> None:
+    """One held unit admitted elsewhere, two template binds of one unit each against a limit of 2: the bind asked
+    for first is bound, the later one refused."""
+    first, later = _two_binds_with_one_unit_held_elsewhere()
     assert (first["phase"], later["status"]) == ("Bound", "Failed"), (first, later)
 
 
@@ -163,12 +169,7 @@ def test_the_newest_bind_gives_way_even_when_the_oldest_is_charged_alone(monkeyp
     while the newest is already counted in the view: the newest still gives way (the oldest was refused so, now and
     then, when a pass ran long)."""
     monkeypatch.setattr(loop, "YIELD_EVERY", 0.0)  # a pass hands the loop back before every request
-    binder, view, kube = _leader()
-    assert _held(_replica(kube), "h1")
-    start = now()
-    _template_set(view, kube, "first", start)
-    _template_set(view, kube, "later", start + dt.timedelta(seconds=1))
-    first, later = _answered(binder, kube, "first", "later")
+    first, later = _two_binds_with_one_unit_held_elsewhere()
     assert (first["phase"], later["status"]) == ("Bound", "Failed"), (first, later)
 
 
