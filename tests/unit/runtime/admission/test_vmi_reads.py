@@ -5,19 +5,18 @@ the rules are still judged in their order, on what the API said, against the in-
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
 
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
-from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.admission.outcomes import InternalError, Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.vmi_webhook import VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
+from tests.support.bodies import vmi_body
 from tests.support.memkube import MemKube
 from tests.support.views import A10, gpu_class, node
 from tests.support.writing import NS, device, writer
@@ -62,13 +61,7 @@ def _admission(failing: tuple[str, ...] = ()) -> tuple[VMIAdmission, MemKube, Sl
 
 
 def _vmi(*refs: Body) -> Body:
-    meta = {
-        "name": "v",
-        "namespace": NS,
-        "labels": {LABEL_DEVICE_REFERENCE: TRUE},
-        "annotations": {ANNOTATION_DEVICES: json.dumps(list(refs))},
-    }
-    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta, "spec": {}}
+    return vmi_body("v", NS, list(refs))
 
 
 def _running_vmi(kube: MemKube) -> None:

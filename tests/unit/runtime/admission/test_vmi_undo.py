@@ -8,17 +8,16 @@ No binder runs here, so every admission is refused when the bind times out.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.vmi_webhook import VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
+from tests.support.bodies import vmi_body
 from tests.support.memkube import MemKube
 from tests.support.views import A10, gpu_class, node
 from tests.support.writing import NS, device, writer
@@ -35,13 +34,7 @@ def _admission() -> tuple[VMIAdmission, MemKube]:
 
 
 def _vmi(*refs: Body) -> Body:
-    meta = {
-        "name": "v",
-        "namespace": NS,
-        "labels": {LABEL_DEVICE_REFERENCE: TRUE},
-        "annotations": {ANNOTATION_DEVICES: json.dumps(list(refs))},
-    }
-    return {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance", "metadata": meta, "spec": {}}
+    return vmi_body("v", NS, list(refs))
 
 
 TEMPLATE = {"deviceTemplate": {"className": "a10", "count": 1}}
