@@ -287,7 +287,7 @@ class Day:
         return body
 
     def bound(self, vm: int) -> bool:
-        device: GPUDevice | None = self.view.cluster.device(*_name(vm))
+        device: GPUDevice | None = self.view.cluster.devices.get(_name(vm))
         return device is not None and device.holds_gpus
 
     async def settle(self) -> None:

@@ -118,7 +118,7 @@ def _use_by_walk(c: Cluster, namespace: str) -> dict[str, int]:
         if selector is not None:
             covered |= {ns for ns in c.namespaces if selector_matches(selector, c.namespace_labels(ns))}
         for ns in covered:
-            for class_name, units in c.use_in(ns).items():
+            for class_name, units in c.budgets.use_in(ns).items():
                 used[class_name] = used.get(class_name, 0) + units
     return used
 

@@ -31,16 +31,16 @@ async def test_a_resync_forgets_what_was_removed_unseen_and_keeps_the_rest(
     del plain["metadata"]["labels"]["gpu.cozystack.io/device-reference"]
     kube.create(kinds.VMI, plain)
     await operator.resync()
-    assert operator.cluster.device(namespace, "ghost") is not None
+    assert operator.cluster.devices.get((namespace, "ghost")) is not None
     assert (namespace, "vm") in operator.cluster.vmis
 
     kube.delete(kinds.GPU_DEVICE, "ghost", namespace)
     kube.delete(kinds.VMI, "vm", namespace)
-    assert operator.cluster.device(namespace, "ghost") is not None  # nothing told the view
+    assert operator.cluster.devices.get((namespace, "ghost")) is not None  # nothing told the view
 
     assert await operator.resync() >= 2
-    assert operator.cluster.device(namespace, "ghost") is None
+    assert operator.cluster.devices.get((namespace, "ghost")) is None
     assert (namespace, "vm") not in operator.cluster.vmis
-    assert operator.cluster.device(namespace, "real") is not None
+    assert operator.cluster.devices.get((namespace, "real")) is not None
     assert gpu.cls in operator.cluster.classes
     assert await operator.resync() == 0

@@ -57,7 +57,7 @@ def test_a_read_finding_nothing_leaves_an_object_of_the_name_that_arrived_meanwh
     w, view = writer
     body = gpu_device_body("d", namespace, gpu.cls)
     _meanwhile(view, _newer(body), w.read(kinds.GPU_DEVICE, "d", namespace))
-    kept = view.cluster.device(namespace, "d")
+    kept = view.cluster.devices.get((namespace, "d"))
     assert kept is not None and kept.metadata.uid == "another-object"
 
 
@@ -70,7 +70,7 @@ def test_a_delete_finding_nothing_leaves_an_object_of_the_name_that_arrived_mean
     view.apply(kinds.GPU_DEVICE, old)
     kube.delete(kinds.GPU_DEVICE, "d", namespace)
     _meanwhile(view, _newer(old), w.delete(kinds.GPU_DEVICE, "d", namespace, uid=old["metadata"]["uid"]))
-    kept = view.cluster.device(namespace, "d")
+    kept = view.cluster.devices.get((namespace, "d"))
     assert kept is not None and kept.metadata.uid == "another-object"
 
 
@@ -83,4 +83,4 @@ def test_what_the_view_held_when_asked_is_forgotten(
     view.apply(kinds.GPU_DEVICE, old)
     kube.delete(kinds.GPU_DEVICE, "d", namespace)
     asyncio.run(w.read(kinds.GPU_DEVICE, "d", namespace))
-    assert view.cluster.device(namespace, "d") is None
+    assert view.cluster.devices.get((namespace, "d")) is None

@@ -84,7 +84,8 @@ def writers_on_the_surface(cluster: Any) -> list[str]:
             out.append(f"{name}: a method that writes")
         elif isinstance(value, (MutableMapping, list, set)):
             out.append(f"{name}: a mutable {type(value).__name__}")
-        elif not isinstance(value, Mapping) and not callable(value):
+        elif type(value).__module__.startswith("cozygpu.state") or not (isinstance(value, Mapping) or callable(value)):
+            # A part's read side (a mapping itself, some of them) is walked as the cluster is.
             out.extend(f"{name}.{inner}" for inner in writers_on_the_surface(value))
     return out
 
@@ -95,11 +96,11 @@ def test_only_the_door_reaches_what_the_view_keeps_privately() -> None:
 
 
 def test_the_guard_sees_a_side_door() -> None:
-    """The guard above fails on the side doors a worker could try: the private mutators, a part, a part's index."""
+    """The guard above fails on the side doors a worker could try: the view's private state, a part, a part's index."""
     private = _private_names()
-    door = "self._cluster._apply(kinds.GPU_DEVICE, body)\ncluster._devices.put(key, d)\nc._capacity._by_free.clear()"
+    door = "self._cluster._progress.clear()\ncluster._devices.put(key, d)\nc._capacity._by_free.clear()"
     assert private_reaches(door, private) == [
-        "1: self._cluster._apply",
+        "1: self._cluster._progress",
         "2: cluster._devices",
         "3: c._capacity._by_free",
         "3: c._capacity",
@@ -117,7 +118,23 @@ def test_the_surface_check_sees_a_writer_handed_out() -> None:
     c = Cluster()
     c.put_device = c._devices.put  # type: ignore[attr-defined]
     c.index = {}  # type: ignore[attr-defined]
-    assert sorted(writers_on_the_surface(c)) == ["index: a mutable dict", "put_device: a method that writes"]
+    c.devices.pop = c._devices.pop  # type: ignore[attr-defined]
+    assert sorted(writers_on_the_surface(c)) == [
+        "devices.pop: a method that writes",
+        "index: a mutable dict",
+        "put_device: a method that writes",
+    ]
+
+
+def test_only_the_door_holds_the_write_side() -> None:
+    """No module but runtime/view.py (the door) imports the view's write side, `state.indexers` (§13)."""
+    importers = [
+        path.relative_to(PACKAGE).as_posix()
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if not path.relative_to(PACKAGE).as_posix().startswith("state/")
+        and re.search(r"^\s*(from|import) cozygpu\.state(\.indexers| import .*\bindexers\b)", path.read_text(), re.M)
+    ]
+    assert importers == ["runtime/view.py"]
 
 
 def test_only_the_writer_writes_the_views_kinds() -> None:

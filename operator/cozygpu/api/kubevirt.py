@@ -1,7 +1,7 @@
 """What the operator reads of KubeVirt's objects: the host devices its CR permits (§1.5), and whether a
 VirtualMachine wants to run (§6.6).
 
-Callers: `state.cluster` keeps the permitted resources per KubeVirt CR; `decisions.admission` refuses a
+Callers: the view (`state.indexers`) keeps the permitted resources per KubeVirt CR; `decisions.admission` refuses a
 class whose resource KubeVirt would not hand to a VM; the collector asks `wants_to_run` of the VM
 whose VMI is gone, read fresh.
 """

@@ -67,7 +67,7 @@ def _phase_words(device: GPUDevice) -> str:
 def _node_problem(cluster: Cluster, device: GPUDevice, cls: GPUClass) -> str | None:
     """§3.3: gone, no longer serving the class, or lost capacity the device does not fit under."""
     node_name = device.status.node_name or ""
-    node = cluster.nodes.get(node_name)
+    node = cluster.capacity.nodes.get(node_name)
     if node is None:
         return f"GPUDevice {device.name}: node {node_name} is gone"
     if not node_selector_matches(cls.spec.node_selector, node.labels) or cls.name in conflicts(
@@ -212,7 +212,7 @@ def templates_fit(cluster: Cluster, members: Sequence[Member]) -> str | None:
         if not m.template or m.device.holds_gpus:
             continue
         resource = m.cls.spec.resource_name
-        most = cluster.most_units(resource)
+        most = cluster.capacity.most_units(resource)
         if m.device.spec.count > most:
             return (
                 f"deviceTemplate {m.index}: no node has {m.device.spec.count} units of {resource}; "

@@ -82,7 +82,7 @@ Verdict = Waiting | Bound | Refused
 def verdict(cluster: Cluster, namespace: str, request: BindRequest) -> Verdict:
     """§4: the binder's answer to the request as the view has it, judged in one place. An answer the binder has
     only assumed is not one yet: its write may still lose."""
-    devices = [cluster.device(namespace, n) for n in request.devices]
+    devices = [cluster.devices.get((namespace, n)) for n in request.devices]
     carried = [
         d
         for d in devices
@@ -90,7 +90,7 @@ def verdict(cluster: Cluster, namespace: str, request: BindRequest) -> Verdict:
         and d.status.bind_request is not None
         and d.status.bind_request.id == request.id
         and not d.status.bind_request.open
-        and not cluster.assumed(namespace, d.name)
+        and not cluster.devices.assumed(namespace, d.name)
     ]
     if len(carried) != len(devices):
         return Waiting()

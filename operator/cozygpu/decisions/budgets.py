@@ -18,7 +18,7 @@ from cozygpu.state.tombstones import version
 
 def covering_budgets(cluster: Cluster, namespace: str) -> list[GPUBudget]:
     """§1.4: budgets of the namespace itself and those whose namespaceSelector matches it (the view's index)."""
-    return cluster.budgets_covering(namespace)
+    return cluster.budgets.covering(namespace)
 
 
 def counts(device: GPUDevice) -> bool:
@@ -32,7 +32,7 @@ def usage(cluster: Cluster, budget: GPUBudget) -> dict[str, int]:
     more: the accountant let orders go once `used` had their devices, and this view may not have them yet (§7.4).
 
     The budget is the view's own (looked up by its key): what it covers is what the view stored."""
-    used = cluster.budget_use(*budget.key)
+    used = cluster.budgets.use(*budget.key)
     if cluster.progress(kinds.GPU_DEVICE) < version(budget.status.counted_through):
         for class_name, units in budget.status.used.items():
             used[class_name] = max(used.get(class_name, 0), units)

@@ -19,7 +19,7 @@ def matching_classes(cluster: Cluster, node: NodeInfo) -> list[GPUClass]:
 
 def served_classes(cluster: Cluster, node: NodeInfo) -> list[GPUClass]:
     """The classes the node serves for new placements: matching and not in conflict (the view's index)."""
-    names = cluster.serving.serves(node.name)
+    names = cluster.capacity.serving.serves(node.name)
     return sorted((cluster.classes[n] for n in names if n in cluster.classes), key=lambda c: c.name)
 
 
@@ -29,13 +29,13 @@ def class_of(cluster: Cluster, device: GPUDevice) -> GPUClass | None:
 
 def held(cluster: Cluster, node: str) -> dict[str, int]:
     """Units held on the node per resource: the counts of its Bound devices (every namespace)."""
-    return cluster.held_units(node)
+    return cluster.capacity.held_units(node)
 
 
 def taken(cluster: Cluster, node: str) -> dict[str, int]:
     """Units not free on the node per resource: held by Bound devices, or by pods the operator did not place
     (§12: a unit a pod behind its back holds is not free either)."""
-    return cluster.taken_units(node)
+    return cluster.capacity.taken_units(node)
 
 
 def free(node: NodeInfo, taken_units: dict[str, int], resource: str) -> int:
@@ -54,5 +54,5 @@ class NodeVerdict:
 def node_serves(cluster: Cluster, node: NodeInfo, cls: GPUClass) -> NodeVerdict:
     """§5.1 except the free-units test: Ready, schedulable, taints tolerated, selector, no conflict
     (the rule: `state.serving.refusal`)."""
-    why = serving.refusal(node, cls, cluster.serving.serves(node.name))
+    why = serving.refusal(node, cls, cluster.capacity.serving.serves(node.name))
     return NodeVerdict(why is None, why or "")

@@ -54,10 +54,10 @@ def movable(cluster: Cluster, device: GPUDevice, idle_after: float = 0.0) -> boo
     if cls is None or cls.spec.idle_moves is IdleMoves.NEVER or not device.idle:
         return False
     key = device.key
-    idle_for = cluster.idle_for(key)
-    if idle_for is None or idle_for < idle_after or cluster.named_by_open_request(*key):
+    idle_for = cluster.capacity.idle_for(key)
+    if idle_for is None or idle_for < idle_after or cluster.devices.named_by_open_request(*key):
         return False
-    return not cluster.assumed(*key)
+    return not cluster.devices.assumed(*key)
 
 
 def leaving(cluster: Cluster, idle_after: float, room: Callable[[str], int], most: int) -> list[Move]:
@@ -67,11 +67,11 @@ def leaving(cluster: Cluster, idle_after: float, room: Callable[[str], int], mos
     devices on cordoned nodes), not the cluster."""
     into: dict[tuple[str, str], int] = {}
     moves: list[Move] = []
-    for name in sorted(cluster.cordoned()):
+    for name in sorted(cluster.capacity.cordoned()):
         if len(moves) >= most:
             break
         left = room(name)
-        idle = [d for d in cluster.devices_on(name) if d.status.node_name == name and movable(cluster, d, idle_after)]
+        idle = [d for d in cluster.devices.on(name) if d.status.node_name == name and movable(cluster, d, idle_after)]
         for d in sorted(idle, key=lambda d: (-d.spec.count, *d.key)):
             if left <= 0 or len(moves) >= most:
                 break
@@ -99,7 +99,7 @@ def plan_room(cluster: Cluster, devices: Sequence[GPUDevice], limit: int, idle_a
     mine = {d.key for d in devices}
     best: tuple[tuple[int, int, str], RoomPlan] | None = None
     for name in _candidates(cluster, devices, lead, total[lead]):
-        node = cluster.nodes.get(name)
+        node = cluster.capacity.nodes.get(name)
         if node is None or not all(node_serves(cluster, node, c).ok for c in classes.values()):
             continue
         plan = _plan_on(cluster, node, devices, classes, mine, limit=limit, idle_after=idle_after)
@@ -111,7 +111,7 @@ def plan_room(cluster: Cluster, devices: Sequence[GPUDevice], limit: int, idle_a
 def _candidates(cluster: Cluster, devices: Sequence[GPUDevice], lead: str, units: int) -> list[str]:
     """The nodes where the set's own Bound members are (it needs less there), then the first `LOOK_AT` by reach."""
     out = sorted({d.status.node_name for d in devices if d.holds_gpus and d.status.node_name})
-    for looked, name in enumerate(cluster.reach_fit(lead, units)):
+    for looked, name in enumerate(cluster.capacity.reach_fit(lead, units)):
         if looked >= LOOK_AT:
             break
         if name not in out:
@@ -131,7 +131,7 @@ def _plan_on(
 ) -> tuple[tuple[int, int, str], RoomPlan] | None:
     """Moves off `node` that leave the set room there: the largest idle devices first (the fewest moves to
     cover what is short), each to the fullest other node of its class that still takes it."""
-    taken = cluster.taken_units(node.name)
+    taken = cluster.capacity.taken_units(node.name)
     short: dict[str, int] = {}
     left = 0
     for resource, units in needs(devices, classes, node.name).items():
@@ -142,7 +142,7 @@ def _plan_on(
         return None  # it fits as it is: not idle moves' to decide
     idle = [
         d
-        for d in cluster.devices_on(node.name)
+        for d in cluster.devices.on(node.name)
         if d.status.node_name == node.name and d.key not in mine and movable(cluster, d, idle_after)
     ]
     idle.sort(key=lambda d: (-d.spec.count, *d.key))
@@ -171,13 +171,13 @@ def _destination(
 ) -> str | None:
     """The fullest node serving the device's class, other than `origin`, with its units free once this plan's
     earlier moves there count. Skips only the origin and this plan's destinations: O(moves) past the first."""
-    for name in cluster.serving.best_fit(device.spec.class_name, device.spec.count):
+    for name in cluster.capacity.serving.best_fit(device.spec.class_name, device.spec.count):
         if name == origin:
             continue
         coming = into.get((name, resource), 0)
         if not coming:
             return name
-        node = cluster.nodes.get(name)
-        if node is not None and free(node, cluster.taken_units(name), resource) - coming >= device.spec.count:
+        node = cluster.capacity.nodes.get(name)
+        if node is not None and free(node, cluster.capacity.taken_units(name), resource) - coming >= device.spec.count:
             return name
     return None

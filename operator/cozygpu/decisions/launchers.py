@@ -1,7 +1,7 @@
 """§12.2 for pods: a pod that asks for a managed GPU resource runs only as its VMI's launcher, on its set's node.
 
 Called by the pod webhook (runtime.admission.pod_webhook) with the pod under admission, who
-creates it, and its VMI's set as the view has it (`Cluster.set_of`: by the VMI's uid). kube-scheduler
+creates it, and its VMI's set as the view has it (`Cluster.vmis.set_of`: by the VMI's uid). kube-scheduler
 knows nothing of held devices, and KubeVirt's VM controller rewrites a VMI's affinity
 to the VM template's (§3), so the pin that holds is put on the pod itself, which is
 immutable once created: whatever KubeVirt renders later (a restart, a migration

@@ -68,13 +68,15 @@ def device_actions(
     live: str | None = cluster.vmis.get((namespace, attached.vmi)) if attached else None
     owner = device.vmi_owner or device.vm_owner
     # §14.2: the uid recorded is that of the VMI the admission was for: the VMI of the name names the device.
-    named = live is not None and attached is not None and cluster.names_device(namespace, attached.vmi, device.name)
+    named = (
+        live is not None and attached is not None and cluster.vmis.names_device(namespace, attached.vmi, device.name)
+    )
     actions: list[Action] = []
     in_use = False
 
     if attached is not None:
         gone = attached.claimed and attached.uid != live
-        if gone and not cluster.guest_running(namespace, attached.uid or ""):
+        if gone and not cluster.pods.guest_running(namespace, attached.uid or ""):
             # §6.2: the VMI it was attached to is gone (a new one of the name is another VMI), and §6.7 its guest:
             # no launcher pod of that VMI holds units any more.
             why = f"VMI {attached.vmi} is gone"
@@ -98,7 +100,7 @@ def device_actions(
             in_use = True
         ours = device.name.startswith(f"{attached.vmi}-gpu-")
         if device.is_template and owner is None and live is not None and ours and not gone and (named or attached.uid):
-            vm = cluster.vm_of(namespace, attached.vmi)  # §6.6: a VM's restart keeps them, so the VM owns them
+            vm = cluster.vmis.vm_of(namespace, attached.vmi)  # §6.6: a VM's restart keeps them, so the VM owns them
             actions.append(
                 Action(Do.OWN, f"VirtualMachine {vm[0]} owns it", vm[1], vm[0])
                 if vm is not None
@@ -110,7 +112,7 @@ def device_actions(
     if attached is None and device.is_template and device.vm_owner is not None:
         return _kept_or_deleted(device, "no VMI uses it", now, grace, vm_runs)  # a restart's admission undone
     if attached is None and device.is_template:
-        gone = owner is not None and not cluster.vmi_exists(owner.uid)
+        gone = owner is not None and not cluster.vmis.exists(owner.uid)
         orphan = owner is None and _expired(device.metadata.creation_timestamp, now, grace)
         if gone or orphan:
             return [Action(Do.DELETE, "its VMI is gone" if gone else "no VMI uses it")]  # §6.3
@@ -172,7 +174,7 @@ def class_action(cluster: Cluster, cls: GPUClass) -> Do | None:
     has = FINALIZER_IN_USE in cls.metadata.finalizers
     if not cls.deleting and not has:
         return Do.ADD_FINALIZER
-    if cls.deleting and has and not cluster.devices_of_class(cls.name):
+    if cls.deleting and has and not cluster.devices.of_class(cls.name):
         return Do.REMOVE_FINALIZER
     return None
 

@@ -1,7 +1,7 @@
 """GPUNode status (§1.3, §8): what a node serves, holds and has lost, from the cluster view.
 
 Besides the units of Bound devices, the status shows the units that pods the operator
-did not place hold on the node (§12), as the view counts them (`Cluster.unmanaged_on`:
+did not place hold on the node (§12), as the view counts them (`Cluster.pods.unmanaged_on`:
 a launcher is the operator's up to what its VMI's set holds on this very node; every
 other pod's units are unmanaged). Only managed resources (the `resourceName` of any
 GPUClass) and those the node's status lists are shown; other extended resources are
@@ -9,7 +9,7 @@ not the operator's business.
 - Units that such pods take from what Bound devices hold (held + unmanaged above
   allocatable) are lost capacity (§1.3, §5.6): the devices are Bound to units a
   foreign pod is using, and their VMs cannot start there until it ends.
-`free` is allocatable - held - unmanaged, what the binder counts (`Cluster.taken_units`).
+`free` is allocatable - held - unmanaged, what the binder counts (`Cluster.capacity.taken_units`).
 """
 
 from __future__ import annotations
@@ -38,10 +38,10 @@ def _condition(
 
 def unmanaged_pods(cluster: Cluster, name: str, listed: set[str]) -> list[UnmanagedPod]:
     """The pods on the node holding units of managed or `listed` resources that no device the operator
-    placed there accounts for (`Cluster.unmanaged_on`), each with those units, by namespace and name."""
+    placed there accounts for (`Cluster.pods.unmanaged_on`), each with those units, by namespace and name."""
     watched = listed | {c.spec.resource_name for c in cluster.classes.values()}
     out = []
-    for pod, extra in cluster.unmanaged_on(name):
+    for pod, extra in cluster.pods.unmanaged_on(name):
         mine = {r: n for r, n in extra.items() if r in watched}
         if mine:
             out.append(UnmanagedPod(pod=pod.ident, vmi=pod.vmi, units=mine))
@@ -64,8 +64,8 @@ def _crowded_message(crowded: list[NodeResource], pods: list[UnmanagedPod]) -> s
 
 def gpunode_status(cluster: Cluster, name: str, previous: list[Condition], now: dt.datetime) -> GPUNodeStatus | None:
     """The status to write, or None when the node serves no class and no device names it."""
-    node = cluster.nodes.get(name)
-    devices = list(cluster.devices_on(name))
+    node = cluster.capacity.nodes.get(name)
+    devices = list(cluster.devices.on(name))
     bound = [d for d in devices if d.holds_gpus]
     matching = matching_classes(cluster, node) if node is not None else []
     if not matching and not devices:

@@ -43,16 +43,16 @@ def charged(budget: GPUBudget, class_name: str) -> bool:
 def charging(cluster: Cluster, namespace: str, classes: Iterable[str]) -> list[GPUBudget]:
     """The budgets covering the namespace (§1.4) that record an order of any of these classes, by key."""
     wanted = set(classes)
-    return [b for b in cluster.budgets_covering(namespace) if any(charged(b, c) for c in wanted)]
+    return [b for b in cluster.budgets.covering(namespace) if any(charged(b, c) for c in wanted)]
 
 
 def counted(cluster: Cluster, entry: BudgetOrder) -> bool:
     """Whether the view counts the entry's device against budgets (§7.2) on the API's word, not on a decision in
     flight; a device of the name with another uid is not it (deleted and made again, perhaps with more units)."""
-    device = cluster.device(entry.namespace, entry.name)
+    device = cluster.devices.get((entry.namespace, entry.name))
     if device is None or (entry.uid and device.metadata.uid != entry.uid):
         return False
-    return device.in_use and not cluster.assumed(entry.namespace, entry.name)
+    return device.in_use and not cluster.devices.assumed(entry.namespace, entry.name)
 
 
 def settle(
@@ -75,14 +75,14 @@ def settle(
     others: dict[Claim, Order] = {}
     through = cluster.progress(kinds.GPU_DEVICE)
     for entry in entries:
-        if entry.expires <= now or (entry.uid and cluster.device_removed(entry.uid)):
+        if entry.expires <= now or (entry.uid and cluster.devices.removed(entry.uid)):
             continue
         ns, name = entry.namespace, entry.name
         seen = counted(cluster, entry)
         if seen and counting and (cluster.stored_version(kinds.GPU_DEVICE, (ns, name)) or 0) <= through:
             continue
         kept.append(entry)
-        if not seen and not cluster.assumed(ns, name) and not mine(ns, name, entry.uid):
+        if not seen and not cluster.devices.assumed(ns, name) and not mine(ns, name, entry.uid):
             others[(ns, name, entry.uid)] = Order(ns, entry.class_name, entry.count, f"GPUDevice {name}")
     return kept, others
 

@@ -156,9 +156,9 @@ def _first_fit(cluster: Cluster, classes: dict[str, GPUClass], units: int, skip:
     """The fullest node with `units` free of the classes' one resource that serves every class, but those in
     `skip`. Every class shares the resource, so each class's order is by the same free units: walk the shortest."""
     wanted = set(classes)
-    fewest = min(wanted, key=lambda c: cluster.serving.counts(c)[0])
-    fits = cluster.serving.best_fit(fewest, units)
-    return next((n for n in fits if n not in skip and wanted <= cluster.serving.serves(n)), None)
+    fewest = min(wanted, key=lambda c: cluster.capacity.serving.counts(c)[0])
+    fits = cluster.capacity.serving.best_fit(fewest, units)
+    return next((n for n in fits if n not in skip and wanted <= cluster.capacity.serving.serves(n)), None)
 
 
 def _nowhere(
@@ -179,10 +179,10 @@ def _gather(cluster: Cluster, devices: Sequence[GPUDevice], classes: dict[str, G
     """`place` for a set of one resource with Bound members, as the scan decides it without looking at every node
     (issue 34 item 5): a node holding a member moves fewer devices than any other, so the best of those few
     that take the rest wins; else the fullest node that takes the whole set, the first of the best-fit order."""
-    homes = sorted({n for d in devices if d.holds_gpus and (n := d.status.node_name) and n in cluster.nodes})
+    homes = sorted({n for d in devices if d.holds_gpus and (n := d.status.node_name) and n in cluster.capacity.nodes})
     best: tuple[tuple[int, int, str], tuple[str, ...]] | None = None
     for name in homes:
-        outcome = _evaluate(cluster, cluster.nodes[name], devices, classes)
+        outcome = _evaluate(cluster, cluster.capacity.nodes[name], devices, classes)
         if not isinstance(outcome, _Miss) and (best is None or outcome[0] < best[0]):
             best = outcome
     if best is not None:
@@ -206,16 +206,16 @@ def _unfit(
     """Why no node takes `units` of one class, from the indexes: the serving nodes with the most free
     units, then the nodes with the resource that do not serve the class, by name (as `place_scanning`);
     a node in `homes` holds members of the set, and needs less (judged as the scan judges it)."""
-    index, resource = cluster.serving, cls.spec.resource_name
+    index, resource = cluster.capacity.serving, cls.spec.resource_name
     shown = []
     for free_units, name in index.fullest_first(cls.name, MAX_NODE_REASONS):
-        outcome = _evaluate(cluster, cluster.nodes[name], devices, classes) if name in homes else None
+        outcome = _evaluate(cluster, cluster.capacity.nodes[name], devices, classes) if name in homes else None
         if isinstance(outcome, _Miss):
             shown.append(outcome.reason)
         else:
             shown.append(f"node {name} has {free_units} free of {resource}, needs {units}")
     for name in index.unserved(cls.name, MAX_NODE_REASONS - len(shown)):
-        shown.append(node_serves(cluster, cluster.nodes[name], cls).reason)
+        shown.append(node_serves(cluster, cluster.capacity.nodes[name], cls).reason)
     return _unplaced(_headline(devices, classes), shown, sum(index.counts(cls.name)), {resource})
 
 
@@ -227,8 +227,8 @@ def place_scanning(cluster: Cluster, devices: Sequence[GPUDevice]) -> Placement 
     resources = {c.spec.resource_name for c in classes.values()}
     best: tuple[tuple[int, int, str], tuple[str, ...]] | None = None
     misses: list[tuple[tuple[int, int], str, str]] = []
-    for name in cluster.nodes_with(resources):  # a node without the resources is not worth a reason
-        node = cluster.nodes[name]
+    for name in cluster.capacity.nodes_with(resources):  # a node without the resources is not worth a reason
+        node = cluster.capacity.nodes[name]
         outcome = _evaluate(cluster, node, devices, classes)
         if isinstance(outcome, _Miss):
             misses.append((outcome.order, name, outcome.reason))

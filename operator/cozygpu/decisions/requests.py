@@ -58,7 +58,7 @@ def assess(
 
     `prior` are orders admitted elsewhere that the view has not seen yet (§7.4); with `guarded`, a set that would
     give a class not ready new units waits (§12.3, `placement.not_ready`)."""
-    carriers = cluster.devices_of_request(request_id)
+    carriers = cluster.devices.of_request(request_id)
     if not carriers or all(d.open_request is None for d in carriers):
         return None
     request = _request_of(carriers)
@@ -73,7 +73,7 @@ def assess(
     for name in request.devices:
         if name in by_name:
             continue
-        other = cluster.device(namespace, name)
+        other = cluster.devices.get((namespace, name))
         if other is not None and other.deleting:
             return fail(f"GPUDevice {name} is being deleted")
         theirs = other.open_request if other is not None else None

@@ -23,7 +23,7 @@ def budget_status(cluster: Cluster, budget: GPUBudget, now: dt.datetime) -> GPUB
     """Units used per class and in total; OverBudget when a lowered cap is below what is held (kept, §7.3); the
     orders recorded on it (§7.4) less those the count has taken up (`countedThrough` says how far it went), or
     that expired by `now`."""
-    used = cluster.budget_use(*budget.key)  # this view's own count: the one a replica behind falls back on
+    used = cluster.budgets.use(*budget.key)  # this view's own count: the one a replica behind falls back on
     total = sum(used.values())
     over = [
         f"GPUClass {c}: {used.get(c, 0)} used, limit {n}"
@@ -57,8 +57,8 @@ def class_status(cluster: Cluster, cls: GPUClass) -> GPUClassStatus:
     """The nodes that serve the class and their units of its resource (informational)."""
     resource = cls.spec.resource_name
     nodes, allocatable, taken_units = [], 0, 0
-    for name in cluster.nodes_with([resource]):
-        node = cluster.nodes[name]
+    for name in cluster.capacity.nodes_with([resource]):
+        node = cluster.capacity.nodes[name]
         if all(c.name != cls.name for c in served_classes(cluster, node)):
             continue
         nodes.append(name)
@@ -67,7 +67,7 @@ def class_status(cluster: Cluster, cls: GPUClass) -> GPUClassStatus:
     return GPUClassStatus(
         nodes=nodes,
         allocatable=allocatable,
-        held=cluster.held_of_class(cls.name),
+        held=cluster.capacity.held_of_class(cls.name),
         free=max(0, allocatable - taken_units),
         conditions=cls.status.conditions,
     )
@@ -84,7 +84,7 @@ class ClassTotals:
 
     def node_changed(self, cluster: Cluster, name: str) -> set[str]:
         """The node's share again; returns the classes whose totals moved."""
-        node = cluster.nodes.get(name)
+        node = cluster.capacity.nodes.get(name)
         new: dict[str, tuple[int, int]] = {}
         if node is not None:
             node_taken = taken(cluster, name)
@@ -117,7 +117,7 @@ class ClassTotals:
         return GPUClassStatus(
             nodes=sorted(self._nodes.get(cls.name, ())),
             allocatable=allocatable,
-            held=cluster.held_of_class(cls.name),
+            held=cluster.capacity.held_of_class(cls.name),
             free=max(0, allocatable - taken_units),
             conditions=cls.status.conditions,
         )

@@ -41,7 +41,7 @@ def device_create(
     if limit is not None and device.spec.count > limit:
         return f"{what}: count {device.spec.count} exceeds the maxCount of {limit} of GPUClass {cls.name}"
     resource = cls.spec.resource_name
-    most = cluster.most_units(resource)  # an index: a create does not walk the nodes
+    most = cluster.capacity.most_units(resource)  # an index: a create does not walk the nodes
     if device.spec.count > most:
         return (
             f"{what}: no node has {device.spec.count} units of {resource}, so it could never be placed; "
@@ -69,7 +69,7 @@ def class_update(cluster: Cluster, old: GPUClass, new: GPUClass) -> str | None:
     """§9.2: resourceName (and, by the same reasoning, mode) is fixed while devices name the class."""
     if old.spec.resource_name == new.spec.resource_name and old.spec.mode == new.spec.mode:
         return None
-    named = len(cluster.devices_of_class(new.name))
+    named = len(cluster.devices.of_class(new.name))
     if not named:
         return None
     field = "resourceName" if old.spec.resource_name != new.spec.resource_name else "mode"

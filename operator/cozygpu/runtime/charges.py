@@ -187,7 +187,7 @@ class Charges:
         if self.legacy:
             self.legacy = [e for e in self.legacy if e.expires > now]
             covered = [
-                e for e in self.legacy if any(b.key == budget.key for b in self._cluster.budgets_covering(e.namespace))
+                e for e in self.legacy if any(b.key == budget.key for b in self._cluster.budgets.covering(e.namespace))
             ]
             others.update(orders.settle(self._cluster, covered, now, self._mine)[1])
         new: dict[Claim, Order] = {}

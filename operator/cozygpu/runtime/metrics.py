@@ -113,13 +113,13 @@ class ViewCollector(Collector):
             "When the class's Pending (or Lost) device waiting longest began to wait, Unix seconds.",
             labels=["class", "phase"],
         )
-        for (cls, phase), at in sorted(c.waiting_since().items()):
+        for (cls, phase), at in sorted(c.devices.waiting_since().items()):
             since.add_metric([cls, phase.value], at.timestamp())
         yield since
         yield GaugeMetricFamily(
             "cozygpu_bind_requests_open",
             "Bind requests some device carries without an answer.",
-            value=len(c.open_request_ids()),
+            value=len(c.devices.open_request_ids()),
         )
 
     def _nodes(self) -> Iterator[GaugeMetricFamily]:

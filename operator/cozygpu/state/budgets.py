@@ -1,6 +1,6 @@
 """GPUBudgets by the namespaces they cover (§1.4), with the units in use under each (§7.2).
 
-Callers: `state.cluster.Cluster` keeps it current from budget and namespace events and
+Callers: `state.indexers` keeps it current from budget and namespace events and
 from every change of a namespace's use (`add_use`, the units in use per namespace and class
 are kept here too); `decisions.budgets` reads it through the view.
 A budget check then costs the budgets covering one namespace, not a walk of every budget
@@ -10,7 +10,7 @@ and every namespace. A namespace's event costs the budgets that have a namespace
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from cozygpu.api import GPUBudget
 from cozygpu.api.selectors import selector_matches
@@ -133,3 +133,33 @@ class BudgetIndex:
                 del self._covering[namespace]
         self._used.pop(key, None)
         self._selecting.discard(key)
+
+
+class BudgetReads(Mapping[BudgetKey, GPUBudget]):
+    """The budgets part as workers and decisions read it (`Cluster.budgets`): every budget by key, which cover a
+    namespace (§1.4) by its labels, and the units in use under each (§7.2)."""
+
+    def __init__(
+        self, part: BudgetIndex, namespaces: Mapping[str, object], labels: Callable[[str], Mapping[str, str]]
+    ) -> None:
+        self._part = part
+        self._namespaces = namespaces  # the namespaces the view has
+        self._labels = labels  # a namespace's labels, with its name's
+        self.use_in = part.use_in
+
+    def __getitem__(self, key: BudgetKey) -> GPUBudget:
+        return self._part.budgets[key]
+
+    def __iter__(self) -> Iterator[BudgetKey]:
+        return iter(self._part.budgets)
+
+    def __len__(self) -> int:
+        return len(self._part.budgets)
+
+    def covering(self, namespace: str) -> list[GPUBudget]:
+        """Budgets whose limits apply to orders in the namespace (§1.4), by (namespace, name)."""
+        return self._part.covering(namespace, namespace in self._namespaces, self._labels(namespace))
+
+    def use(self, namespace: str, name: str) -> dict[str, int]:
+        """Units in use per class in the namespaces the stored budget of that key covers (§7.2)."""
+        return self._part.used((namespace, name))

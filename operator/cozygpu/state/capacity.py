@@ -1,9 +1,9 @@
 """Nodes and their free units per resource, ordered for best fit (§5.1, §5.3, §13.1).
 
-Callers: `state.cluster` stores nodes here and counts each Bound device's units against its node
+Callers: `state.indexers` stores nodes here and counts each Bound device's units against its node
 (`count`, `uncount`) and the units pods the operator did not place hold (`set_unmanaged`, §12);
 placement reads `best_fit`, `most_units`, `nodes_with` and, per class, `serving` (`state.serving`)
-through the cluster's read-only surface. Every resource's nodes are kept ordered by free units, so
+through its read side, `CapacityReads` (`Cluster.capacity`). Every resource's nodes are kept ordered by free units, so
 best fit costs O(log n), never a scan, and by reach (free units plus those idle held devices hold,
 which §5.7 may move away: `reach_fit`). Free units that change are news for waiting devices:
 `take_room` hands out the classes where one may fit now (§5.5), or may with idle moves (§5.7).
@@ -268,7 +268,7 @@ class Capacity:
         return dict(self._held_res.get(node, {}))
 
     def unmanaged_units(self, node: str) -> dict[str, int]:
-        """Units pods the operator did not place hold on the node, per resource (§12; `Cluster.unmanaged_on`)."""
+        """Units pods the operator did not place hold on the node, per resource (§12; `Cluster.pods.unmanaged_on`)."""
         return dict(self._unmanaged_res.get(node, {}))
 
     def taken_units(self, node: str) -> dict[str, int]:
@@ -357,3 +357,29 @@ def _place(
 ) -> None:
     bisect.insort(orders[resource], (units, node))
     at[(resource, node)] = units
+
+
+class CapacityReads:
+    """The capacity part as workers and decisions read it (`Cluster.capacity`): nodes, the units each serves and
+    holds, best fit and reach (§5.3, §5.7), idle times, and the nodes taken out of service (§6.8)."""
+
+    def __init__(self, part: Capacity) -> None:
+        self._part = part
+        self.nodes: Mapping[str, NodeInfo] = part.nodes.items
+        self.serving = part.serving
+        self.held_of_class = part.held_of_class
+        self.held_units = part.held_units
+        self.unmanaged_units = part.unmanaged_units
+        self.taken_units = part.taken_units
+        self.best_fit = part.best_fit
+        self.reach_fit = part.reach_fit
+        self.most_units = part.most_units
+        self.nodes_with = part.nodes_with
+        self.idle_for = part.idle_for
+        self.idle_clock = part.idle_clock
+        self.turned_idle = part.turned_idle
+        self.next_idle = part.next_idle
+
+    def cordoned(self) -> frozenset[str]:
+        """Nodes taken out of service (spec.unschedulable), kept per node event: what is idle there leaves (§6.8)."""
+        return frozenset(self._part.cordoned)

@@ -1,6 +1,6 @@
 """What one event did to the view (`Change`), and what a decision counted before its write (`Assumption`).
 
-Callers: `state.cluster` makes them; runtime.view hands each `Change` to the workers that
+Callers: `state.indexers` makes them; runtime.view hands each `Change` to the workers that
 subscribed to its kind, each keeping its own queue from the hints it carries.
 """
 

@@ -1,6 +1,6 @@
 """Counters as dicts that never hold a zero: the one rule the view's indexes count by.
 
-Callers: `state.cluster` (units per node, class and namespace) and `state.budgets` (units
+Callers: `state.capacity` (units per node, class and namespace) and `state.budgets` (units
 per budget). A key at zero is dropped, so a counter's keys are what is actually counted.
 """
 

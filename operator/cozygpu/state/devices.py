@@ -1,8 +1,8 @@
 """GPUDevices by key, with the indexes decisions look them up by, and the waiting room in turn (§5.5).
 
-Callers: `state.cluster` stores and forgets devices here (`put`, `pop`) and counts their units
-elsewhere (`state.capacity`, `state.budgets`); everything else reads through the cluster's
-read-only surface. Indexes are per node, namespace, bind request (all, and those still open),
+Callers: `state.indexers` stores and forgets devices here (`put`, `pop`) and counts their units
+elsewhere (`state.capacity`, `state.budgets`); everything else reads through `DeviceReads`
+(`Cluster.devices`). Indexes are per node, namespace, bind request (all, and those still open),
 attachment and class; devices not Bound are kept in turn, and those the binder places on its
 own by class and count, so room for a class wakes only what fits (§14.3). Pending and Lost devices
 are also kept by when they began to wait, per class and phase, so the metrics read the longest wait
@@ -15,7 +15,7 @@ import bisect
 import datetime as dt
 import heapq
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from cozygpu.api import ConditionStatus, GPUDevice, Phase
@@ -65,6 +65,9 @@ class Devices:
         # Pending and Lost devices by (class, phase), in the order they began to wait (`waiting_since`).
         self._since: dict[tuple[str, Phase], list[Since]] = {}
         self._since_of: dict[DeviceKey, tuple[tuple[str, Phase], Since]] = {}
+        # Decisions whose writes are in flight (§13.1): the version each was decided on, and its token.
+        self._assumed: dict[DeviceKey, tuple[int, int]] = {}
+        self._assumptions = 0
 
     # -- writes (the cluster's only) ---------------------------------------------
 
@@ -84,11 +87,28 @@ class Devices:
     def pop(self, key: DeviceKey, removal: str | None) -> GPUDevice | None:
         old = self.store.pop(key, removal)
         self._arrival.pop(key, None)
+        self._assumed.pop(key, None)
         if old is not None:
             self._unindex(key, old)
             if old.metadata.uid:
                 self._gone_uids.bury(old.metadata.uid, version(removal))
         return old
+
+    @writes
+    def assume(self, key: DeviceKey, decided_on: str | None) -> int:
+        """A decision on the device, made on version `decided_on`, is in flight: its token for `settle`."""
+        self._assumptions += 1
+        self._assumed[key] = (version(decided_on), self._assumptions)
+        return self._assumptions
+
+    @writes
+    def settle(self, key: DeviceKey, token: int) -> bool:
+        """The write of assumption `token` is done or failed; False, and nothing changed, if the device carries
+        another one."""
+        if key not in self._assumed or self._assumed[key][1] != token:
+            return False
+        del self._assumed[key]
+        return True
 
     def _index(self, key: DeviceKey, device: GPUDevice) -> None:
         if device.status.node_name:
@@ -158,8 +178,14 @@ class Devices:
 
     # -- reads -------------------------------------------------------------------
 
-    def device(self, namespace: str, name: str) -> GPUDevice | None:
-        return self.store.get((namespace, name))
+    def assumed(self, namespace: str, name: str) -> bool:
+        """Whether a decision on the device is in flight (counted before its write returns, §13.1)."""
+        return (namespace, name) in self._assumed
+
+    def decided_on(self, key: DeviceKey) -> int | None:
+        """The version an in-flight decision on the device was made on: an event no newer cannot undo it."""
+        assumed = self._assumed.get(key)
+        return None if assumed is None else assumed[0]
 
     def removed(self, uid: str) -> bool:
         """Whether this view saw the device of that uid go (while remembered)."""
@@ -179,13 +205,13 @@ class Devices:
         """Whether some device's status names the node."""
         return node in self._by_node
 
-    def devices_on(self, node: str) -> Iterator[GPUDevice]:
+    def on(self, node: str) -> Iterator[GPUDevice]:
         """Devices whose status names the node (Bound there or Lost from there)."""
         items = self.store.items
         for key in self._by_node.get(node, ()):
             yield items[key]
 
-    def devices_in(self, namespace: str) -> Iterator[GPUDevice]:
+    def in_namespace(self, namespace: str) -> Iterator[GPUDevice]:
         items = self.store.items
         for key in self._by_namespace.get(namespace, ()):
             yield items[key]
@@ -194,19 +220,19 @@ class Devices:
         """Units held on the node by Bound devices, per class name (summed from the node's few devices;
         decisions read the counters per resource, `held_units`)."""
         out: dict[str, int] = {}
-        for d in self.devices_on(node):
+        for d in self.on(node):
             if d.holds_gpus and d.status.node_name == node:
                 out[d.spec.class_name] = out.get(d.spec.class_name, 0) + d.spec.count
         return out
 
-    def devices_of_request(self, request_id: str) -> list[GPUDevice]:
+    def of_request(self, request_id: str) -> list[GPUDevice]:
         return [self.store.items[k] for k in self._by_request.get(request_id, ())]
 
     def attached_to(self, namespace: str, vmi: str) -> list[GPUDevice]:
         """Devices whose attachment names this VMI (any uid)."""
         return [self.store.items[k] for k in self._by_attachment.get((namespace, vmi), ())]
 
-    def devices_of_class(self, name: str) -> list[GPUDevice]:
+    def of_class(self, name: str) -> list[GPUDevice]:
         return [self.store.items[k] for k in self._by_class.get(name, ())]
 
     def keys_of_class(self, name: str) -> list[DeviceKey]:
@@ -262,3 +288,38 @@ def _began_waiting(device: GPUDevice) -> dt.datetime | None:
     if placed is not None and placed.status is ConditionStatus.FALSE and placed.last_transition_time is not None:
         return placed.last_transition_time
     return device.metadata.creation_timestamp
+
+
+class DeviceReads(Mapping[DeviceKey, GPUDevice]):
+    """The devices part as workers and decisions read it (`Cluster.devices`): every device by key, the indexes
+    and the waiting room, none of the writes."""
+
+    def __init__(self, part: Devices) -> None:
+        self._items = part.store.items
+        self.removed = part.removed
+        self.arrival = part.arrival
+        self.turn = part.turn
+        self.on = part.on
+        self.in_namespace = part.in_namespace
+        self.held_by_class = part.held_by_class
+        self.of_request = part.of_request
+        self.attached_to = part.attached_to
+        self.of_class = part.of_class
+        self.named_by_open_request = part.named_by_open_request
+        self.assumed = part.assumed
+        self.open_request_ids = part.open_request_ids
+        # The waiting room (§5.5): what the binder hands out next, and what the metrics read (§10).
+        self.unbound_in_turn = part.unbound_in_turn
+        self.waiting = part.waiting
+        self.heads_waiting = part.heads_waiting
+        self.next_waiting = part.next_waiting
+        self.waiting_since = part.waiting_since
+
+    def __getitem__(self, key: DeviceKey) -> GPUDevice:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[DeviceKey]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -19,7 +19,7 @@ nothing.
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,3 +205,17 @@ class PodUsage:
         watch event could say so (as `Cluster.missing`)."""
         limit = version(list_version)
         return sorted(k for k, p in self._pods.items() if k not in listed and p.resource_version <= limit)
+
+
+class PodReads:
+    """The pods part as workers and decisions read it (`Cluster.pods`): pods holding units, by key, node and VMI."""
+
+    def __init__(self, part: PodUsage, unmanaged_on: Callable[[str], list[tuple[PodUse, dict[str, int]]]]) -> None:
+        self.get = part.get
+        self.keys = part.keys
+        self.on = part.on
+        self.launchers_of = part.launchers_of
+        self.guest_running = part.guest_running
+        self.holding = part.__len__
+        # What of them the operator did not place (`state.unmanaged`, §12).
+        self.unmanaged_on = unmanaged_on

@@ -9,7 +9,7 @@ serve the class. The binder finds the node for a device, or that none has room, 
 O(log n), and names the closest nodes without a scan (§14.3).
 
 Kept by `state.capacity` alone (its writes are private to the view: workers read it through
-`Cluster.serving`); the cluster hands what moved to the workers as a
+`Cluster.capacity.serving`); the cluster hands what moved to the workers as a
 `Change`: `room` (classes where a waiting device may fit now) and `served` (classes
 whose set of serving nodes changed, so their waiting devices' reasons read differently).
 """

@@ -1,6 +1,6 @@
 """One kind's objects by key, with the resourceVersion of each and the recently removed.
 
-Callers: `state.cluster` keeps one `Store` per kind the view holds (pods keep their own,
+Callers: `state.cluster` holds one `Store` per kind the view holds (pods keep their own,
 `state.pods`, to the same `Versioned` contract) and asks it whether an event is news
 before any index moves: not older than what is stored, not the late echo of a removal
 (`tombstones`). The resync (runtime.watching.resync) reads what is held through `Versioned`
@@ -22,7 +22,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 def writes(method: F) -> F:
     """Marks a method that changes the view: none may be reachable from `Cluster`'s public surface (only the
-    door calls them, through the cluster's private mutators); tests/unit/test_layout.py walks it to check."""
+    door calls them, through `state.indexers`, the write side); tests/unit/test_layout.py walks it to check."""
     method.__writes__ = True  # type: ignore[attr-defined]
     return method
 

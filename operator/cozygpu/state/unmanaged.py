@@ -1,8 +1,8 @@
 """Units that pods hold on a node beyond what the operator's Bound devices there account for (§1.3, §12).
 
-Callers: `state.cluster` recounts a node here whenever its pods or the sets Bound on it change,
+Callers: `state.indexers` recounts a node here whenever its pods or the sets Bound on it change,
 and the result counts as taken in `state.capacity` (not free for placement); the node accountant
-reads `on(node)` through the cluster (`Cluster.unmanaged_on`) for the GPUNode status.
+reads `on(node)` through the cluster (`Cluster.pods.unmanaged_on`) for the GPUNode status.
 """
 
 from __future__ import annotations

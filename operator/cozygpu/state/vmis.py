@@ -1,13 +1,13 @@
 """VMIs as the view keeps them: the uid of the one of each name, and the devices it names (§6, §14.2).
 
-Callers: `state.cluster` stores them from VMI events (`put`, `pop`) and measures a VMI's set by
-them (`set_of`); the collector and the webhooks read `vmis`, `names_device` and
-`vmi_exists` through the cluster's read-only surface. Nothing else of a VMI is kept (§13.3).
+Callers: `state.indexers` stores them from VMI events (`put`, `pop`) and measures a VMI's set by
+them (`set_of`); the collector and the webhooks read `names_device`, `exists` and the rest
+through `VmiReads` (`Cluster.vmis`). Nothing else of a VMI is kept (§13.3).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from cozygpu.api import GPUDevice, kinds, references
@@ -99,7 +99,7 @@ class Vmis:
         """Whether the VMI of this name that the view has names the device among its references (§14.2)."""
         return device in self._names.get((namespace, vmi), ())
 
-    def vmi_exists(self, uid: str) -> bool:
+    def exists(self, uid: str) -> bool:
         """Whether a VMI with this uid exists (any namespace, any name)."""
         return bool(uid) and uid in self._all_uids
 
@@ -116,3 +116,24 @@ class Vmis:
             if recorded == uid or (recorded is None and (names is None or d.name in names)):
                 out.append(d)
         return out
+
+
+class VmiReads(Mapping[VmiKey, str]):
+    """The VMIs part as workers and decisions read it (`Cluster.vmis`): the uid of the VMI of each name, the
+    devices it names, its VM and its set (§6, §14.2)."""
+
+    def __init__(self, part: Vmis) -> None:
+        self._uids = part.uids
+        self.names_device = part.names_device
+        self.exists = part.exists
+        self.set_of = part.set_of
+        self.vm_of = part.vm_of
+
+    def __getitem__(self, key: VmiKey) -> str:
+        return self._uids[key]
+
+    def __iter__(self) -> Iterator[VmiKey]:
+        return iter(self._uids)
+
+    def __len__(self) -> int:
+        return len(self._uids)

@@ -50,9 +50,9 @@ def test_a_labelled_vmis_annotation_is_parsed_once_however_often_the_vmi_changes
     view = View(cluster())
     for version in range(1, 11):
         view.apply(kinds.VMI, _vmi([{"device": "d"}], version, note=f"patch {version}"))
-    assert parses == ["vm"] and view.cluster.names_device("t1", "vm", "d")
+    assert parses == ["vm"] and view.cluster.vmis.names_device("t1", "vm", "d")
     view.apply(kinds.VMI, _vmi([{"device": "e"}], 11))
-    assert parses == ["vm", "vm"] and view.cluster.names_device("t1", "vm", "e")
+    assert parses == ["vm", "vm"] and view.cluster.vmis.names_device("t1", "vm", "e")
 
 
 def test_an_unlabelled_vmis_annotation_is_never_parsed_however_fat(parses: list[str]) -> None:
@@ -62,7 +62,7 @@ def test_an_unlabelled_vmis_annotation_is_never_parsed_however_fat(parses: list[
     fat = [{"device": f"d{i:04d}-{'x' * 200}"} for i in range(4000)]
     for version in range(1, 4):
         view.apply(kinds.VMI, _vmi(fat, version, labelled=False))
-    assert parses == [] and not view.cluster.names_device("t1", "vm", fat[0]["device"])
+    assert parses == [] and not view.cluster.vmis.names_device("t1", "vm", fat[0]["device"])
 
 
 def test_more_references_than_any_vmi_may_list_name_nothing(parses: list[str]) -> None:
@@ -70,7 +70,7 @@ def test_more_references_than_any_vmi_may_list_name_nothing(parses: list[str]) -
     it, whatever its size."""
     view = View(cluster())
     view.apply(kinds.VMI, _vmi([{"device": f"d{i}"} for i in range(references.MOST + 1)], 1))
-    assert parses == ["vm"] and not view.cluster.names_device("t1", "vm", "d0")
+    assert parses == ["vm"] and not view.cluster.vmis.names_device("t1", "vm", "d0")
 
 
 def test_a_label_taken_off_after_admission_keeps_what_the_vmi_named(parses: list[str]) -> None:
@@ -78,7 +78,7 @@ def test_a_label_taken_off_after_admission_keeps_what_the_vmi_named(parses: list
     view = View(cluster())
     view.apply(kinds.VMI, _vmi([{"device": "d"}], 1))
     view.apply(kinds.VMI, _vmi([{"device": "other"}], 2, labelled=False))
-    assert view.cluster.names_device("t1", "vm", "d") and not view.cluster.names_device("t1", "vm", "other")
+    assert view.cluster.vmis.names_device("t1", "vm", "d") and not view.cluster.vmis.names_device("t1", "vm", "other")
 
 
 def test_another_vmi_object_of_the_name_unlabelled_names_nothing_of_the_first(parses: list[str]) -> None:
@@ -87,4 +87,4 @@ def test_another_vmi_object_of_the_name_unlabelled_names_nothing_of_the_first(pa
     view = View(cluster())
     view.apply(kinds.VMI, _vmi([{"device": "d"}], 1))
     view.apply(kinds.VMI, _vmi([{"device": "d"}], 2, labelled=False, uid="u2"))
-    assert not view.cluster.names_device("t1", "vm", "d") and parses == ["vm"]
+    assert not view.cluster.vmis.names_device("t1", "vm", "d") and parses == ["vm"]

@@ -114,7 +114,7 @@ def test_a_failed_answer_or_one_that_does_not_hold_together_is_refused_with_the_
 def test_an_answer_the_binder_only_assumed_is_not_one_yet() -> None:
     """§13.1: the binder's write of an assumed answer may still lose; the admission waits for it to land."""
     c = cluster(devices=[carrying("a"), carrying("b", result=None)])
-    b = c.device("t1", "b")
+    b = c.devices.get(("t1", "b"))
     assert b is not None and b.status.bind_request is not None
     answer = b.status.model_copy(
         update={"bind_request": b.status.bind_request.model_copy(update={"result": "Succeeded"})}

@@ -16,7 +16,7 @@ def test_a_node_matches_classes_by_selector_and_resource() -> None:
             gpu_class("l40s", L40S, "vgpu"),
         ],
     )
-    assert [x.name for x in matching_classes(c, c.nodes["n1"])] == ["a10"]
+    assert [x.name for x in matching_classes(c, c.capacity.nodes["n1"])] == ["a10"]
 
 
 def test_passthrough_next_to_vgpu_is_a_conflict() -> None:
@@ -25,10 +25,10 @@ def test_passthrough_next_to_vgpu_is_a_conflict() -> None:
         nodes=[node("n1", {A10: 2, L40S: 4})],
         classes=[gpu_class("a10"), gpu_class("l40s", L40S, "vgpu")],
     )
-    matching = matching_classes(c, c.nodes["n1"])
+    matching = matching_classes(c, c.capacity.nodes["n1"])
     assert conflicts(matching) == {"a10", "l40s"}
-    assert served_classes(c, c.nodes["n1"]) == []
-    verdict = node_serves(c, c.nodes["n1"], c.classes["a10"])
+    assert served_classes(c, c.capacity.nodes["n1"]) == []
+    verdict = node_serves(c, c.capacity.nodes["n1"], c.classes["a10"])
     assert not verdict.ok
     assert "class conflict" in verdict.reason
 
@@ -36,14 +36,14 @@ def test_passthrough_next_to_vgpu_is_a_conflict() -> None:
 def test_one_resource_under_two_modes_is_a_conflict() -> None:
     """§8.2: two classes with one resource name and different modes conflict (alone they'd be fine)."""
     c = cluster(nodes=[node("n1", {A10: 2})], classes=[gpu_class("p", A10), gpu_class("v", A10, "vgpu")])
-    assert conflicts(matching_classes(c, c.nodes["n1"])) == {"p", "v"}
+    assert conflicts(matching_classes(c, c.capacity.nodes["n1"])) == {"p", "v"}
 
 
 def test_two_passthrough_classes_on_one_resource_do_not_conflict() -> None:
     """Same mode, same resource: both are served."""
     c = cluster(nodes=[node("n1", {A10: 2})], classes=[gpu_class("a"), gpu_class("b")])
-    assert conflicts(matching_classes(c, c.nodes["n1"])) == set()
-    assert [x.name for x in served_classes(c, c.nodes["n1"])] == ["a", "b"]
+    assert conflicts(matching_classes(c, c.capacity.nodes["n1"])) == set()
+    assert [x.name for x in served_classes(c, c.capacity.nodes["n1"])] == ["a", "b"]
 
 
 def test_held_counts_bound_devices_of_every_namespace_only() -> None:
@@ -59,7 +59,7 @@ def test_held_counts_bound_devices_of_every_namespace_only() -> None:
         ],
     )
     assert held(c, "n1") == {A10: 5}
-    assert free(c.nodes["n1"], held(c, "n1"), A10) == 3
+    assert free(c.capacity.nodes["n1"], held(c, "n1"), A10) == 3
 
 
 def test_free_never_goes_below_zero() -> None:
@@ -69,7 +69,7 @@ def test_free_never_goes_below_zero() -> None:
         classes=[gpu_class("a10")],
         devices=[device("a", count=2, phase="Bound", node_name="n1")],
     )
-    assert free(c.nodes["n1"], held(c, "n1"), A10) == 0
+    assert free(c.capacity.nodes["n1"], held(c, "n1"), A10) == 0
 
 
 def test_unready_cordoned_and_tainted_nodes_do_not_serve() -> None:
@@ -83,7 +83,7 @@ def test_unready_cordoned_and_tainted_nodes_do_not_serve() -> None:
         ],
         classes=[gpu_class("a10"), gpu_class("tol", tolerations=[{"key": "gpu", "operator": "Exists"}])],
     )
-    assert "not Ready" in node_serves(c, c.nodes["down"], c.classes["a10"]).reason
-    assert "cordoned" in node_serves(c, c.nodes["cordoned"], c.classes["a10"]).reason
-    assert "taint gpu=only:NoSchedule" in node_serves(c, c.nodes["tainted"], c.classes["a10"]).reason
-    assert node_serves(c, c.nodes["tainted"], c.classes["tol"]).ok
+    assert "not Ready" in node_serves(c, c.capacity.nodes["down"], c.classes["a10"]).reason
+    assert "cordoned" in node_serves(c, c.capacity.nodes["cordoned"], c.classes["a10"]).reason
+    assert "taint gpu=only:NoSchedule" in node_serves(c, c.capacity.nodes["tainted"], c.classes["a10"]).reason
+    assert node_serves(c, c.capacity.nodes["tainted"], c.classes["tol"]).ok

@@ -37,7 +37,7 @@ def _three_nodes_six_free_each(**class_spec: Any) -> Cluster:
 
 def _order(c: Cluster, count: int = 8, name: str = "big") -> list[Any]:
     View(c).apply(kinds.GPU_DEVICE, device(name, count=count, created=10))
-    got = c.device("t1", name)
+    got = c.devices.get(("t1", name))
     assert got is not None
     return [got]
 
@@ -83,7 +83,7 @@ def test_a_class_with_idle_moves_never_keeps_its_devices_where_they_are() -> Non
     """GPUClass.spec.idleMoves: Never: its idle devices stay, so the order finds no plan."""
     c = _three_nodes_six_free_each(idleMoves="Never")
     assert plan_room(c, _order(c), limit=4) is None
-    assert list(c.reach_fit(A10, 7)) == []  # nor do they count as reach in the view
+    assert list(c.capacity.reach_fit(A10, 7)) == []  # nor do they count as reach in the view
 
 
 def test_the_limit_bounds_the_moves_of_one_decision() -> None:
@@ -127,9 +127,9 @@ def test_a_device_that_turns_idle_raises_reach_for_the_classes_its_node_serves()
     c = cluster(
         nodes=[node("n1", {A10: 8})], classes=[gpu_class("a10")], devices=[_idle("held", 2, "n1", status=ATTACHED)]
     )
-    assert list(c.reach_fit(A10, 7)) == []
+    assert list(c.capacity.reach_fit(A10, 7)) == []
     change = View(c).apply(kinds.GPU_DEVICE, _idle("held", 2, "n1"))
-    assert change.reach == {"a10"} and list(c.reach_fit(A10, 8)) == ["n1"]
+    assert change.reach == {"a10"} and list(c.capacity.reach_fit(A10, 8)) == ["n1"]
 
 
 # -- the property: under random clouds, a plan never moves what it must not and never overfills a node ----------
@@ -191,9 +191,9 @@ def test_a_plan_moves_only_idle_devices_of_classes_that_allow_it_and_overfills_n
         assert c.classes[d.spec.class_name].spec.idle_moves is IdleMoves.ALLOWED  # never a class that says Never
         assert move.origin == plan.node != move.to
     held = _held_after(c, plan)
-    for name, info in c.nodes.items():
+    for name, info in c.capacity.nodes.items():
         assert held[name] <= info.allocatable[A10], f"node {name} overfilled"
-    assert held[plan.node] + order[0].spec.count <= c.nodes[plan.node].allocatable[A10]
+    assert held[plan.node] + order[0].spec.count <= c.capacity.nodes[plan.node].allocatable[A10]
 
 
 def test_a_set_with_a_member_bound_on_a_node_is_planned_there_too() -> None:
@@ -211,7 +211,7 @@ def test_a_set_with_a_member_bound_on_a_node_is_planned_there_too() -> None:
             _idle("y", 6, "Y", namespace="other", status=ATTACHED),
         ],
     )
-    mine = [c.device("t1", "s"), c.device("t1", "v-gpu-1")]
+    mine = [c.devices.get(("t1", "s")), c.devices.get(("t1", "v-gpu-1"))]
     assert all(d is not None for d in mine)
     plan = plan_room(c, [d for d in mine if d is not None], limit=4)
     assert plan is not None and plan.node == "X" and [(m.device.name, m.to) for m in plan.moves] == [("o", "Y")]
@@ -227,7 +227,7 @@ def test_a_device_an_open_request_names_is_not_movable_before_it_carries_the_req
             _idle("h2", 2, "X"),
         ],
     )
-    h2 = c.device("t1", "h2")
+    h2 = c.devices.get(("t1", "h2"))
     assert h2 is not None and h2.idle and not movable(c, h2)
 
 
@@ -240,14 +240,14 @@ def test_a_device_moves_only_once_idle_long_enough_and_is_idle_anew_where_it_lan
         view.apply(kinds.NODE, body)
     view.apply(kinds.GPU_CLASS, gpu_class("a10"))
     view.apply(kinds.GPU_DEVICE, _idle("b", 2, "X"))
-    b = c.device("t1", "b")
+    b = c.devices.get(("t1", "b"))
     assert b is not None
     t[0] = 59.0
     assert not movable(c, b, idle_after=60)
     t[0] = 61.0
     assert movable(c, b, idle_after=60)
     view.apply(kinds.GPU_DEVICE, _idle("b", 2, "Y"))  # moved
-    moved = c.device("t1", "b")
+    moved = c.devices.get(("t1", "b"))
     assert moved is not None and not movable(c, moved, idle_after=60) and movable(c, moved)
 
 
@@ -276,10 +276,10 @@ def test_a_settled_move_names_the_node_it_left_so_its_status_is_written_again() 
     view.apply(kinds.GPU_DEVICE, kube.change(kinds.GPU_DEVICE, {**stored, "status": status}, status=True))
     heard: list[Any] = []
     view.subscribe(heard.append)
-    x = view.cluster.device("t1", "x")
+    x = view.cluster.devices.get(("t1", "x"))
     assert x is not None
     moved = transitions.bound(x, "B", EPOCH)
     token = w.assume(moved).token
-    assert view.cluster.taken_units("A") == {A10: 2}  # kept on the node it leaves until written
+    assert view.cluster.capacity.taken_units("A") == {A10: 2}  # kept on the node it leaves until written
     asyncio.run(w.replace_status(kinds.GPU_DEVICE, moved.wire(), assumption=token))
-    assert view.cluster.taken_units("A") == {} and {"A", "B"} <= set().union(*(c.nodes for c in heard))
+    assert view.cluster.capacity.taken_units("A") == {} and {"A", "B"} <= set().union(*(c.nodes for c in heard))

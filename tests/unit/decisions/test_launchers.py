@@ -60,14 +60,14 @@ CLASSES = cluster(classes=[gpu_class("a10", A10), gpu_class("l40s", L40S, mode="
 def judge(
     pod: dict[str, Any], devices: list[GPUDevice], user: str = CONTROLLER, *, vmis: Sequence[dict[str, Any]] = ()
 ) -> launchers.Verdict:
-    """As the pod webhook judges: with the set the view holds for the pod's VMI (`Cluster.set_of`)."""
+    """As the pod webhook judges: with the set the view holds for the pod's VMI (`Cluster.vmis.set_of`)."""
     view = cluster(
         classes=[gpu_class("a10", A10), gpu_class("l40s", L40S, mode="vgpu")], devices=[d.wire() for d in devices]
     )
     for vmi in vmis:
         View(view).apply(kinds.VMI, vmi)
     owner = pods.owner_vmi(pod)
-    the_set = view.set_of("t1", *owner) if owner else []
+    the_set = view.vmis.set_of("t1", *owner) if owner else []
     return launchers.judge(pod, user, CONTROLLER, the_set, CLASSES)
 
 

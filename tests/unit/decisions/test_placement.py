@@ -17,7 +17,7 @@ from tests.support.views import A10, L40S, cluster, device, gpu_class, node, pod
 
 
 def devices_of(c: Cluster, *names: str) -> list[GPUDevice]:
-    return [d for n in names if (d := c.device("t1", n)) is not None]
+    return [d for n in names if (d := c.devices.get(("t1", n))) is not None]
 
 
 def test_two_devices_go_to_one_node_that_fits_both() -> None:
@@ -210,11 +210,11 @@ def _build(s: dict[str, Any], shuffle: random.Random | None = None) -> Cluster:
 def test_no_placement_exceeds_a_nodes_allocatable(s: dict[str, Any]) -> None:
     """Property: after placing, every resource the set uses fits the chosen node's allocatable."""
     c = _build(s)
-    members = [c.device("t1", m["metadata"]["name"]) for m in s["members"]]
+    members = [c.devices.get(("t1", m["metadata"]["name"])) for m in s["members"]]
     outcome = place(c, [m for m in members if m is not None])
     if isinstance(outcome, NoPlacement):
         return
-    chosen = c.nodes[outcome.node]
+    chosen = c.capacity.nodes[outcome.node]
     assert chosen.ready and not chosen.unschedulable
     before = held(c, outcome.node)
     added: dict[str, int] = {}
@@ -264,10 +264,10 @@ def test_best_fit_places_a_new_set_where_looking_at_every_node_would(
             View(c).forget(kinds.GPU_DEVICE, "t1", f"h{j}")
     new = GPUDevice.from_wire(device("new", count=units))
     assert place(c, [new]) == place_scanning(c, [new])
-    for name, info in c.nodes.items():
-        recount = sum(d.spec.count for d in c.devices_on(name) if d.holds_gpus and d.status.node_name == name)
+    for name, info in c.capacity.nodes.items():
+        recount = sum(d.spec.count for d in c.devices.on(name) if d.holds_gpus and d.status.node_name == name)
         assert held(c, name).get(A10, 0) == recount
-        assert (info.free(A10, recount) >= units) == (name in set(c.best_fit(A10, units)))
+        assert (info.free(A10, recount) >= units) == (name in set(c.capacity.best_fit(A10, units)))
 
 
 def test_units_a_pod_behind_the_operators_back_holds_are_not_free() -> None:
@@ -279,7 +279,7 @@ def test_units_a_pod_behind_the_operators_back_holds_are_not_free() -> None:
     assert place(c, wanted) == place_scanning(c, wanted)
     assert isinstance(outcome := place(c, wanted), Placement) and outcome.node == "n1"
     left = View(c).apply(kinds.POD, pod("old-job", {A10: 3}, node="n2", phase="Succeeded"))
-    assert c.taken_units("n2") == {}
+    assert c.capacity.taken_units("n2") == {}
     assert left.room == {"a10"}
     View(c).apply(kinds.POD, pod("other-job", {A10: 2}, node="n1"))
     assert isinstance(outcome := place(c, wanted), Placement) and outcome.node == "n2"

@@ -136,13 +136,13 @@ def test_class_and_budget_figures_from_counters_equal_a_recount(ops: list[tuple[
             change = View(c).apply(kinds.GPU_CLASS, rv(gpu_class("a10", A10 if j % 2 else L40S)))
         else:
             change = View(c).apply(kinds.POD, pod(f"p{i}", {A10: 1}, node=f"n{j}", version=next(versions)))
-        for name in (set(c.nodes) | set(change.nodes)) if change.all_nodes else change.nodes:
+        for name in (set(c.capacity.nodes) | set(change.nodes)) if change.all_nodes else change.nodes:
             totals.node_changed(c, name)
     for cls in c.classes.values():
         assert totals.status(c, cls) == class_status(c, cls)
     for ns in ("t0", "t1"):
         recount: dict[str, int] = {}
-        for d in c.devices_in(ns):
+        for d in c.devices.in_namespace(ns):
             if d.in_use:
                 recount[d.spec.class_name] = recount.get(d.spec.class_name, 0) + d.spec.count
-        assert c.use_in(ns) == recount
+        assert c.budgets.use_in(ns) == recount

@@ -85,7 +85,7 @@ def test_room_that_appears_mid_pass_goes_to_the_oldest_device_that_fits() -> Non
         classes=[gpu_class("a10")],
         devices=[*held, device("old", count=2, created=1), device("young", created=2)],
     )
-    old, young = c.device("t1", "old"), c.device("t1", "young")
+    old, young = c.devices.get(("t1", "old")), c.devices.get(("t1", "young"))
     assert old is not None and young is not None
     assert not overtakes(c, young) and not overtakes(c, old)  # nothing fits: nothing to give first
     View(c).forget(kinds.GPU_DEVICE, "t1", "h0")

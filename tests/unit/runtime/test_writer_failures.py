@@ -36,8 +36,8 @@ def test_a_write_that_landed_but_failed_to_answer_settles_the_assumption_on_the_
     kube.fail_next(_unavailable(), method="replace_status", landed=True)
     with pytest.raises(ApiError):
         asyncio.run(w.replace_status(kinds.GPU_DEVICE, decided.wire(), assumption=token))
-    assert not view.cluster.assumed(NS, "d") and not w.doubtful
-    held = view.cluster.device(NS, "d")
+    assert not view.cluster.devices.assumed(NS, "d") and not w.doubtful
+    held = view.cluster.devices.get((NS, "d"))
     api = kube.stored(kinds.GPU_DEVICE, "d", NS)
     assert held is not None and api is not None
     assert held.metadata.resource_version == api["metadata"]["resourceVersion"] and held.status.phase == "Bound"
@@ -51,10 +51,10 @@ def test_a_write_and_its_read_both_failing_keep_the_assumption_doubtful_until_re
     kube.fail_next(_unavailable(), method="get")
     with pytest.raises(ApiError):
         asyncio.run(w.replace_status(kinds.GPU_DEVICE, decided.wire(), assumption=token))
-    assert w.doubtful and view.cluster.assumed(NS, "d")
+    assert w.doubtful and view.cluster.devices.assumed(NS, "d")
     asyncio.run(w.recheck())
-    assert not w.doubtful and not view.cluster.assumed(NS, "d")
-    held = view.cluster.device(NS, "d")
+    assert not w.doubtful and not view.cluster.devices.assumed(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and held.status.phase is None  # the write never landed: the API's version counts
 
 
@@ -64,7 +64,7 @@ def test_a_read_that_fails_under_an_assumption_answers_unknown() -> None:
     _, token = _assume(view, seen(view, kube, device()))
     kube.fail_next(_unavailable(), method="get")
     assert asyncio.run(w.read(kinds.GPU_DEVICE, "d", NS, assumption=token)).state is State.UNKNOWN
-    assert w.doubtful and view.cluster.assumed(NS, "d")
+    assert w.doubtful and view.cluster.devices.assumed(NS, "d")
 
 
 def test_a_conflict_settles_the_assumption_and_the_view_takes_the_winner() -> None:
@@ -74,8 +74,8 @@ def test_a_conflict_settles_the_assumption_and_the_view_takes_the_winner() -> No
     decided, token = _assume(view, stored)
     winner = asyncio.run(kube.replace_status(kinds.GPU_DEVICE, with_status(stored, phase="Pending")))
     outcome = asyncio.run(w.replace_status(kinds.GPU_DEVICE, decided.wire(), assumption=token))
-    assert outcome.state is State.CONFLICT and not view.cluster.assumed(NS, "d")
-    held = view.cluster.device(NS, "d")
+    assert outcome.state is State.CONFLICT and not view.cluster.devices.assumed(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and held.metadata.resource_version == winner["metadata"]["resourceVersion"]
 
 
@@ -86,11 +86,11 @@ def test_a_read_for_an_older_decision_leaves_a_newer_one_in_flight() -> None:
     _, older = _assume(view, stored)
     decided, newer = _assume(view, stored)
     asyncio.run(w.read(kinds.GPU_DEVICE, "d", NS, assumption=older))
-    assert view.cluster.assumed(NS, "d")
-    held = view.cluster.device(NS, "d")
+    assert view.cluster.devices.assumed(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and held.status.phase == "Bound"
     asyncio.run(w.replace_status(kinds.GPU_DEVICE, decided.wire(), assumption=newer))
-    assert not view.cluster.assumed(NS, "d")
+    assert not view.cluster.devices.assumed(NS, "d")
 
 
 def test_an_unknown_outcome_without_an_assumption_is_raised_and_the_view_is_left_as_it_was() -> None:
@@ -100,7 +100,7 @@ def test_an_unknown_outcome_without_an_assumption_is_raised_and_the_view_is_left
     kube.fail_next(_unavailable(), method="replace_status")
     with pytest.raises(ApiError):
         asyncio.run(w.replace_status(kinds.GPU_DEVICE, with_status(stored, phase="Pending")))
-    held = view.cluster.device(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and held.metadata.resource_version == stored["metadata"]["resourceVersion"]
     assert kube.count("get") == 0
 
@@ -136,4 +136,4 @@ def test_the_injected_crash_ends_the_process_after_the_nth_write_lands_before_th
     with pytest.raises(SystemExit):
         asyncio.run(w.create(kinds.GPU_DEVICE, device("b")))
     assert ended == [writes.CRASHED]
-    assert kube.stored(kinds.GPU_DEVICE, "b", NS) is not None and view.cluster.device(NS, "b") is None
+    assert kube.stored(kinds.GPU_DEVICE, "b", NS) is not None and view.cluster.devices.get((NS, "b")) is None

@@ -27,7 +27,7 @@ def test_a_write_that_lands_answers_with_the_apis_body_and_the_view_holds_it() -
     outcome = asyncio.run(w.replace_status(kinds.GPU_DEVICE, with_status(stored, phase="Pending")))
     assert outcome.state is State.LANDED and outcome.written and outcome.body is not None
     assert outcome.body == kube.stored(kinds.GPU_DEVICE, "d", NS)
-    held = view.cluster.device(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and held.metadata.resource_version == outcome.body["metadata"]["resourceVersion"]
     assert _phase(held) == "Pending"
 
@@ -37,7 +37,7 @@ def test_a_create_that_lands_is_in_the_view_with_its_uid() -> None:
     w, view, _ = writer()
     outcome = asyncio.run(w.create(kinds.GPU_DEVICE, device()))
     assert outcome.state is State.LANDED and outcome.body is not None
-    held = view.cluster.device(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and held.metadata.uid == outcome.body["metadata"]["uid"]
 
 
@@ -47,7 +47,7 @@ def test_a_delete_of_an_object_without_finalizers_at_once_leaves_the_view() -> N
     stored = seen(view, kube, device())
     outcome = asyncio.run(w.delete(kinds.GPU_DEVICE, "d", NS, uid=stored["metadata"]["uid"], at_once=True))
     assert outcome.state is State.LANDED
-    assert view.cluster.device(NS, "d") is None and kube.stored(kinds.GPU_DEVICE, "d", NS) is None
+    assert view.cluster.devices.get((NS, "d")) is None and kube.stored(kinds.GPU_DEVICE, "d", NS) is None
 
 
 def test_a_delete_held_by_a_finalizer_leaves_the_view_to_the_watch() -> None:
@@ -55,7 +55,7 @@ def test_a_delete_held_by_a_finalizer_leaves_the_view_to_the_watch() -> None:
     w, view, kube = writer()
     seen(view, kube, device(finalizers=["gpu.cozystack.io/in-use"]))
     assert asyncio.run(w.delete(kinds.GPU_DEVICE, "d", NS)).state is State.LANDED
-    assert view.cluster.device(NS, "d") is not None
+    assert view.cluster.devices.get((NS, "d")) is not None
     pending = kube.stored(kinds.GPU_DEVICE, "d", NS)
     assert pending is not None and pending["metadata"]["deletionTimestamp"]
 
@@ -73,7 +73,7 @@ def test_a_stale_write_is_a_conflict_whose_body_is_one_fresh_read_now_in_the_vie
     assert outcome.state is State.CONFLICT and not outcome.written
     assert outcome.body == winner
     assert kube.count("get") == gets + 1
-    held = view.cluster.device(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and held.metadata.resource_version == winner["metadata"]["resourceVersion"]
 
 
@@ -84,7 +84,7 @@ def test_a_create_of_a_taken_name_is_a_conflict_with_the_object_there() -> None:
     outcome = asyncio.run(w.create(kinds.GPU_DEVICE, device()))
     assert outcome.state is State.CONFLICT and outcome.body is not None
     assert outcome.body["metadata"]["uid"] == there["metadata"]["uid"]
-    held = view.cluster.device(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and held.metadata.uid == there["metadata"]["uid"]
 
 
@@ -104,7 +104,7 @@ def test_a_delete_whose_precondition_fails_is_a_conflict_with_the_fresh_object()
     )
     assert outcome.state is State.CONFLICT and outcome.body == newer
     assert kube.stored(kinds.GPU_DEVICE, "d", NS) is not None
-    held = view.cluster.device(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and held.metadata.resource_version == newer["metadata"]["resourceVersion"]
 
 
@@ -118,7 +118,7 @@ def test_a_write_to_an_object_deleted_meanwhile_is_gone_and_forgotten() -> None:
     asyncio.run(kube.delete(kinds.GPU_DEVICE, "d", NS))
     outcome = asyncio.run(w.replace_status(kinds.GPU_DEVICE, with_status(stored, phase="Pending")))
     assert outcome.state is State.GONE and outcome.body is None
-    assert view.cluster.device(NS, "d") is None
+    assert view.cluster.devices.get((NS, "d")) is None
 
 
 def test_a_delete_of_an_object_already_gone_is_gone_and_forgotten() -> None:
@@ -127,7 +127,7 @@ def test_a_delete_of_an_object_already_gone_is_gone_and_forgotten() -> None:
     seen(view, kube, device())
     asyncio.run(kube.delete(kinds.GPU_DEVICE, "d", NS))
     assert asyncio.run(w.delete(kinds.GPU_DEVICE, "d", NS)).state is State.GONE
-    assert view.cluster.device(NS, "d") is None
+    assert view.cluster.devices.get((NS, "d")) is None
 
 
 def test_a_read_finds_the_current_object_and_puts_it_in_the_view() -> None:
@@ -136,7 +136,7 @@ def test_a_read_finds_the_current_object_and_puts_it_in_the_view() -> None:
     there = kube.put(kinds.GPU_DEVICE, device())
     outcome = asyncio.run(w.read(kinds.GPU_DEVICE, "d", NS))
     assert outcome.state is State.CURRENT and outcome.body == there
-    assert view.cluster.device(NS, "d") is not None
+    assert view.cluster.devices.get((NS, "d")) is not None
 
 
 def test_a_read_of_a_name_never_held_leaves_no_tombstone_behind() -> None:
@@ -146,7 +146,7 @@ def test_a_read_of_a_name_never_held_leaves_no_tombstone_behind() -> None:
     view.forget(kinds.GPU_DEVICE, NS, "old", str(int(old["metadata"]["resourceVersion"]) + 1))
     assert asyncio.run(w.read(kinds.GPU_DEVICE, "never", NS)).state is State.GONE
     view.apply(kinds.GPU_DEVICE, old)  # a late echo of the removed object
-    assert view.cluster.device(NS, "old") is None
+    assert view.cluster.devices.get((NS, "old")) is None
 
 
 # -- the one read-decide-write loop (issue 35 item 3) ----------------------------------------------------------

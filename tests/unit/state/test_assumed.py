@@ -23,27 +23,27 @@ def test_an_assumed_decision_outlives_events_of_the_version_it_was_made_on() -> 
     """A resync's list or a late echo still carrying the old version cannot undo a decision in flight:
     its units stay spent; the API's answer (a newer version) replaces it."""
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
-    pending = c.device("t1", "a")
+    pending = c.devices.get(("t1", "a"))
     assert pending is not None
     token = View(c).assume(transitions.bound(pending, "n1", EPOCH)).token
     View(c).apply(kinds.GPU_DEVICE, with_version(device("a"), 5))
-    assert c.held_by_class("n1") == {"a10": 1}
-    assert c.assumed("t1", "a")
+    assert c.devices.held_by_class("n1") == {"a10": 1}
+    assert c.devices.assumed("t1", "a")
     assert View(c).settle("t1", "a", token)
     View(c).apply(kinds.GPU_DEVICE, with_version(device("a", phase="Bound", node_name="n1"), 6))
-    stored = c.device("t1", "a")
-    assert stored is not None and stored.metadata.resource_version == "6" and not c.assumed("t1", "a")
+    stored = c.devices.get(("t1", "a"))
+    assert stored is not None and stored.metadata.resource_version == "6" and not c.devices.assumed("t1", "a")
 
 
 def test_a_failed_write_gives_the_units_back_once_the_fresh_version_is_in() -> None:
     """Settled after a conflict, the fresh read (someone else's newer version) is what the view holds."""
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
-    pending = c.device("t1", "a")
+    pending = c.devices.get(("t1", "a"))
     assert pending is not None
     token = View(c).assume(transitions.bound(pending, "n1", EPOCH)).token
     View(c).settle("t1", "a", token)
     change = View(c).apply(kinds.GPU_DEVICE, with_version(device("a", phase="Pending"), 7))
-    assert c.held_by_class("n1") == {}
+    assert c.devices.held_by_class("n1") == {}
     assert change.room == {"a10"}  # waiting devices of the class are looked at again
 
 
@@ -51,13 +51,13 @@ def test_settling_an_earlier_assumption_leaves_a_later_one_in_place() -> None:
     """A write that lost settles only its own assumption: one made on the device since (an answer to a request
     that arrived meanwhile) keeps its units counted until its own write is done."""
     c = cluster(nodes=[node("n1", {A10: 1})], classes=[gpu_class("a10")], devices=[with_version(device("a"), 5)])
-    pending = c.device("t1", "a")
+    pending = c.devices.get(("t1", "a"))
     assert pending is not None
     first = View(c).assume(transitions.bound(pending, "n1", EPOCH)).token
     second = View(c).assume(transitions.bound(pending, "n1", EPOCH)).token
     assert not View(c).settle("t1", "a", first)
-    assert c.assumed("t1", "a") and c.held_by_class("n1") == {"a10": 1}
-    assert View(c).settle("t1", "a", second) and not c.assumed("t1", "a")
+    assert c.devices.assumed("t1", "a") and c.devices.held_by_class("n1") == {"a10": 1}
+    assert View(c).settle("t1", "a", second) and not c.devices.assumed("t1", "a")
 
 
 def test_a_node_heartbeat_is_no_capacity_change() -> None:
@@ -91,7 +91,7 @@ def test_pipelined_decisions_never_spend_a_unit_twice(counts: list[int], outcome
     )
     inflight: list[tuple[GPUDevice, str, int]] = []
     for i in range(len(counts)):
-        current = c.device("t1", f"d{i}")
+        current = c.devices.get(("t1", f"d{i}"))
         assert current is not None
         outcome = place(c, [current])
         if isinstance(outcome, Placement):
@@ -134,11 +134,11 @@ def check(c: Cluster) -> None:
     for name, units in ALLOCATABLE.items():
         held = recount.get(name, 0)
         assert held <= units, f"{name} overcommitted: {held} of {units} held"
-        assert c.held_units(name) == ({A10: held} if held else {}), name
-        assert c.taken_units(name) == ({A10: held} if held else {}), name
-    assert c.held_of_class("a10") == sum(recount.values())
+        assert c.capacity.held_units(name) == ({A10: held} if held else {}), name
+        assert c.capacity.taken_units(name) == ({A10: held} if held else {}), name
+    assert c.capacity.held_of_class("a10") == sum(recount.values())
     free = sorted((units - recount.get(name, 0), name) for name, units in ALLOCATABLE.items())
     for units in range(1, max(ALLOCATABLE.values()) + 1):
         fits = [name for left, name in free if left >= units]
-        assert list(c.best_fit(A10, units)) == fits, f"nodes with {units} free of {A10}"
-        assert list(c.serving.best_fit("a10", units)) == fits, f"nodes serving a10 with {units} free"
+        assert list(c.capacity.best_fit(A10, units)) == fits, f"nodes with {units} free of {A10}"
+        assert list(c.capacity.serving.best_fit("a10", units)) == fits, f"nodes serving a10 with {units} free"

@@ -25,7 +25,7 @@ def test_an_older_event_does_not_overwrite_a_newer_write() -> None:
     older["metadata"]["resourceVersion"] = "10"
     View(c).apply(kinds.GPU_DEVICE, newer)
     View(c).apply(kinds.GPU_DEVICE, older)
-    stored = c.device("t1", "a")
+    stored = c.devices.get(("t1", "a"))
     assert stored is not None and stored.status.node_name == "n1"
 
 
@@ -34,17 +34,17 @@ def test_indexes_follow_a_device_that_moves() -> None:
     c = cluster(devices=[device("a", phase="Bound", node_name="n1")])
     moved = device("a", phase="Bound", node_name="n2")
     View(c).apply(kinds.GPU_DEVICE, moved)
-    assert [d.name for d in c.devices_on("n2")] == ["a"]
-    assert list(c.devices_on("n1")) == []
-    assert [d.name for d in c.devices_in("t1")] == ["a"]
+    assert [d.name for d in c.devices.on("n2")] == ["a"]
+    assert list(c.devices.on("n1")) == []
+    assert [d.name for d in c.devices.in_namespace("t1")] == ["a"]
 
 
 def test_open_requests_are_indexed_until_answered() -> None:
     """A request id is open while some carrier has no result."""
     c = cluster(devices=[device("a", status=request("r1", "vm", ["a"], EPOCH))])
-    assert c.open_request_ids() == ["r1"]
+    assert c.devices.open_request_ids() == ["r1"]
     View(c).apply(kinds.GPU_DEVICE, device("a", status=request("r1", "vm", ["a"], EPOCH, result="Failed")))
-    assert c.open_request_ids() == []
+    assert c.devices.open_request_ids() == []
 
 
 def test_room_is_named_only_where_units_were_freed_and_serving_where_a_node_started_serving() -> None:
@@ -75,7 +75,7 @@ def test_a_change_the_view_ignores_says_so_and_touches_nothing() -> None:
     older["metadata"]["resourceVersion"] = "1"
     View(c).apply(kinds.GPU_DEVICE, newer)
     change = View(c).apply(kinds.GPU_DEVICE, older)
-    assert not change.stored and not change.nodes and c.device("t1", "a").status.node_name == "n1"
+    assert not change.stored and not change.nodes and c.devices.get(("t1", "a")).status.node_name == "n1"
 
 
 def test_a_deletion_is_a_change_of_what_the_object_touched() -> None:
@@ -89,10 +89,10 @@ def test_a_deletion_is_a_change_of_what_the_object_touched() -> None:
 # Per kind the view holds: an object named x at any version, where its store keeps it, and whether it holds it.
 STORES: dict[kinds.Kind, tuple[dict[str, Any], Any, Callable[[Cluster], bool]]] = {
     kinds.GPU_CLASS: (gpu_class("x"), "x", lambda c: "x" in c.classes),
-    kinds.GPU_DEVICE: (device("x"), ("t1", "x"), lambda c: c.device("t1", "x") is not None),
+    kinds.GPU_DEVICE: (device("x"), ("t1", "x"), lambda c: c.devices.get(("t1", "x")) is not None),
     kinds.GPU_BUDGET: (budget("x"), ("t1", "x"), lambda c: ("t1", "x") in c.budgets),
     kinds.GPU_NODE: ({"metadata": {"name": "x"}}, "x", lambda c: "x" in c.gpunodes),
-    kinds.NODE: (node("x", {A10: 1}), "x", lambda c: "x" in c.nodes),
+    kinds.NODE: (node("x", {A10: 1}), "x", lambda c: "x" in c.capacity.nodes),
     kinds.NAMESPACE: ({"metadata": {"name": "x", "labels": {"team": "a"}}}, "x", lambda c: "x" in c.namespaces),
     kinds.KUBEVIRT: (
         {
@@ -105,9 +105,9 @@ STORES: dict[kinds.Kind, tuple[dict[str, Any], Any, Callable[[Cluster], bool]]] 
     kinds.VMI: (
         {"metadata": {"name": "x", "namespace": "t1", "uid": "u-x"}},
         ("t1", "x"),
-        lambda c: c.vmi_exists("u-x"),
+        lambda c: c.vmis.exists("u-x"),
     ),
-    kinds.POD: (pod("x"), ("t1", "x"), lambda c: c.pod("t1", "x") is not None),
+    kinds.POD: (pod("x"), ("t1", "x"), lambda c: c.pods.get("t1", "x") is not None),
 }
 
 
@@ -154,7 +154,7 @@ def test_namespaces_always_carry_their_name_label() -> None:
 def test_arrival_order_tells_apart_devices_created_in_one_second() -> None:
     """Creation timestamps have one-second precision; first sight orders devices within a second (§5.5)."""
     c = cluster(devices=[device("zeta"), device("alpha")])
-    assert c.arrival("t1", "zeta") < c.arrival("t1", "alpha")
+    assert c.devices.arrival("t1", "zeta") < c.devices.arrival("t1", "alpha")
 
 
 def test_a_write_echo_arriving_after_the_deletion_does_not_bring_a_device_back() -> None:
@@ -164,8 +164,8 @@ def test_a_write_echo_arriving_after_the_deletion_does_not_bring_a_device_back()
     echo["metadata"]["resourceVersion"] = "30"
     View(c).forget(kinds.GPU_DEVICE, "t1", "a", resource_version="31")
     assert not View(c).apply(kinds.GPU_DEVICE, echo).stored
-    assert c.device("t1", "a") is None
-    assert list(c.devices_on("n1")) == []
+    assert c.devices.get(("t1", "a")) is None
+    assert list(c.devices.on("n1")) == []
 
 
 def test_a_device_created_again_under_the_same_name_is_stored() -> None:
@@ -178,7 +178,7 @@ def test_a_device_created_again_under_the_same_name_is_stored() -> None:
     again = device("a", phase="Pending")
     again["metadata"]["resourceVersion"] = "40"
     assert View(c).apply(kinds.GPU_DEVICE, again).stored
-    stored = c.device("t1", "a")
+    stored = c.devices.get(("t1", "a"))
     assert stored is not None and stored.status.phase == "Pending"
 
 
@@ -230,12 +230,12 @@ def test_vmis_are_known_by_uid_and_a_new_one_of_the_name_replaces_the_old() -> N
     """§6.2: the uid index answers 'does this VMI exist' without a scan; a re-created name drops the old uid."""
     c = Cluster()
     View(c).apply(kinds.VMI, {"metadata": {"namespace": "t1", "name": "vm", "uid": "u1"}})
-    assert c.vmi_exists("u1")
+    assert c.vmis.exists("u1")
     View(c).apply(kinds.VMI, {"metadata": {"namespace": "t1", "name": "vm", "uid": "u2"}})
-    assert (c.vmi_exists("u1"), c.vmi_exists("u2")) == (False, True)
+    assert (c.vmis.exists("u1"), c.vmis.exists("u2")) == (False, True)
     View(c).forget(kinds.VMI, "t1", "vm")
-    assert not c.vmi_exists("u2")
-    assert not c.vmi_exists("")
+    assert not c.vmis.exists("u2")
+    assert not c.vmis.exists("")
 
 
 _ops = st.lists(
@@ -280,15 +280,17 @@ def test_held_units_and_nodes_by_resource_always_match_a_recount(ops: list[tuple
         if d.holds_gpus and d.status.node_name:
             recount[d.status.node_name][d.spec.class_name] += d.spec.count
     for n in {f"n{k}" for k in range(3)} | set(recount):
-        assert c.held_by_class(n) == dict(recount.get(n, {}))
+        assert c.devices.held_by_class(n) == dict(recount.get(n, {}))
     for resources in ({A10}, {L40S}, {A10, L40S}):
-        assert c.nodes_with(resources) == sorted(n.name for n in c.nodes.values() if resources <= n.allocatable.keys())
+        assert c.capacity.nodes_with(resources) == sorted(
+            n.name for n in c.capacity.nodes.values() if resources <= n.allocatable.keys()
+        )
     for resource in (A10, L40S, "example.com/none"):
-        assert c.most_units(resource) == max((n.units(resource) for n in c.nodes.values()), default=0)
+        assert c.capacity.most_units(resource) == max((n.units(resource) for n in c.capacity.nodes.values()), default=0)
     named = {d.status.node_name for d in c.devices.values() if d.status.node_name}
-    assert c.gone_nodes() == sorted(n for n in named if n not in c.nodes)
+    assert c.gone_nodes() == sorted(n for n in named if n not in c.capacity.nodes)
     unbound = [d for d in c.devices.values() if not d.holds_gpus]
-    assert c.unbound_in_turn() == sorted(unbound, key=c.turn)
+    assert c.devices.unbound_in_turn() == sorted(unbound, key=c.devices.turn)
 
 
 def _vmi(name: str, uid: str, rv: str) -> dict[str, Any]:
@@ -315,7 +317,7 @@ def test_an_older_vmi_event_or_list_never_replaces_a_newer_vmi() -> None:
     View(c).apply(kinds.VMI, _vmi("vm", "new-uid", "50"))
     View(c).apply(kinds.VMI, _vmi("vm", "old-uid", "40"))
     assert c.vmis[("t1", "vm")] == "new-uid"
-    assert not c.vmi_exists("old-uid")
+    assert not c.vmis.exists("old-uid")
 
 
 def test_a_removed_vmi_or_node_is_not_brought_back_by_a_list_taken_before() -> None:
@@ -329,18 +331,18 @@ def test_a_removed_vmi_or_node_is_not_brought_back_by_a_list_taken_before() -> N
     old["metadata"]["resourceVersion"] = "5"
     View(c).forget(kinds.NODE, "", "n1", resource_version="9")
     assert not View(c).apply(kinds.NODE, old).stored
-    assert "n1" not in c.nodes
+    assert "n1" not in c.capacity.nodes
 
 
 def test_a_resync_can_tell_what_the_view_holds_at_that_very_version() -> None:
     """§6.4, §13.3: a listed object at the stored version is skipped unread; another version, or a new one, is not."""
     c = cluster(nodes=[node("n1", {A10: 1})], devices=[device("a")])
-    stored = c.device("t1", "a")
+    stored = c.devices.get(("t1", "a"))
     assert stored is not None
     assert c.holds(kinds.GPU_DEVICE, ("t1", "a"), stored.metadata.resource_version)
     assert not c.holds(kinds.GPU_DEVICE, ("t1", "a"), "999999")
     assert not c.holds(kinds.GPU_DEVICE, ("t1", "b"), stored.metadata.resource_version)
-    assert c.holds(kinds.NODE, "n1", c.nodes["n1"].resource_version)
+    assert c.holds(kinds.NODE, "n1", c.capacity.nodes["n1"].resource_version)
     View(c).apply(kinds.NAMESPACE, {"metadata": {"name": "t1", "resourceVersion": "7"}})
     assert c.holds(kinds.NAMESPACE, "t1", "7") and not c.holds(kinds.NAMESPACE, "t1", "8")
 
@@ -360,4 +362,4 @@ def test_a_node_with_a_thousand_units_is_read_as_the_api_server_writes_it() -> N
     body = node("n1", {A10: 2})
     body["status"]["allocatable"][A10] = "1k"
     c = cluster(nodes=[body], classes=[gpu_class("a10")])
-    assert c.nodes["n1"].allocatable[A10] == 1000 and c.most_units(A10) == 1000
+    assert c.capacity.nodes["n1"].allocatable[A10] == 1000 and c.capacity.most_units(A10) == 1000

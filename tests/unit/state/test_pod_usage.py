@@ -230,7 +230,7 @@ def test_unmanaged_units_always_match_a_recount(ops: list[tuple[str, int, int]])
                 kinds.VMI, {"metadata": {"namespace": "t1", "name": f"vm{i}", "resourceVersion": str(v)}}, deleted=True
             )
         elif op == "record":  # the collector records a uid on the device, or not yet
-            d = c.device("t1", f"vm{i}-gpu-0")
+            d = c.devices.get(("t1", f"vm{i}-gpu-0"))
             if d is not None:
                 body = d.wire()
                 body["status"]["attachedTo"] = {"vmi": f"vm{i}", **({"uid": f"u{j % 2}"} if j < 2 else {})}
@@ -258,12 +258,12 @@ def test_unmanaged_units_always_match_a_recount(ops: list[tuple[str, int, int]])
     for k in range(3):
         name = f"n{k}"
         recount: dict[str, int] = {}
-        for p in c.pods_on(name):
+        for p in c.pods.on(name):
             own: dict[str, int] = {}
             live = c.vmis.get((p.namespace, p.vmi or ""))
-            for d in c.attached_to(p.namespace, p.vmi) if p.vmi else ():
+            for d in c.devices.attached_to(p.namespace, p.vmi) if p.vmi else ():
                 uid = d.status.attached_to.uid if d.status.attached_to else None
-                names_it = c.names_device(p.namespace, p.vmi or "", d.name)
+                names_it = c.vmis.names_device(p.namespace, p.vmi or "", d.name)
                 if not (uid == p.vmi_uid or (uid is None and (live is None or (live == p.vmi_uid and names_it)))):
                     continue  # another VMI object's, or a device the pod's VMI does not name
                 cls = c.classes.get(d.spec.class_name)
@@ -272,7 +272,7 @@ def test_unmanaged_units_always_match_a_recount(ops: list[tuple[str, int, int]])
             for r, n in p.units.items():
                 if n > own.get(r, 0):
                     recount[r] = recount.get(r, 0) + n - own.get(r, 0)
-        assert c.unmanaged_units(name) == recount
-        free = max(0, 4 - c.held_units(name).get(A10, 0) - recount.get(A10, 0))
-        fits = set(c.best_fit(A10, 1))
+        assert c.capacity.unmanaged_units(name) == recount
+        free = max(0, 4 - c.capacity.held_units(name).get(A10, 0) - recount.get(A10, 0))
+        fits = set(c.capacity.best_fit(A10, 1))
         assert (name in fits) == (free >= 1)

@@ -43,10 +43,10 @@ class LauncherAdmission:
         namespace = meta.get("namespace") or ""
         owner = launchers.owner_vmi(pod)
         vmi = owner[0] if owner else None
-        attached = self._cluster.set_of(namespace, *owner) if owner else []
+        attached = self._cluster.vmis.set_of(namespace, *owner) if owner else []
         exempt = namespace in self._exempt
         previous = (
-            [p.ident for p in self._cluster.launchers_of(namespace, vmi) if p.vmi_uid != owner[1]]
+            [p.ident for p in self._cluster.pods.launchers_of(namespace, vmi) if p.vmi_uid != owner[1]]
             if (owner and vmi)
             else []
         )

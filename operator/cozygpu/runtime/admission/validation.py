@@ -114,7 +114,7 @@ class Validation:
         namespace = device.namespace or ""
         if device.carries_template_label:
             return None
-        if self._cluster.device(namespace, device.name) is not None and (
+        if self._cluster.devices.get((namespace, device.name)) is not None and (
             self._exists is None or await self._exists(kinds.GPU_DEVICE, namespace, device.name)
         ):
             # The API server would answer AlreadyExists after admission: its order must not count.

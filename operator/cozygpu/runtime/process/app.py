@@ -259,7 +259,7 @@ class Operator:
         log.info(
             "operator.synced",
             devices=len(self.cluster.devices),
-            nodes=len(self.cluster.nodes),
+            nodes=len(self.cluster.capacity.nodes),
             classes=len(self.cluster.classes),
             identity=self.validation.operator_user,
             health_port=self.health.port,

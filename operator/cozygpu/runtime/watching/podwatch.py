@@ -69,7 +69,7 @@ class PodWatch:
         cluster = view.cluster
 
         def launcher(key: Any) -> bool:
-            held = cluster.pod(*key)
+            held = cluster.pods.get(*key)
             return held is not None and held.vmi is not None and held.watched
 
         self._launchers = Informer(
@@ -131,7 +131,7 @@ class PodWatch:
 
     async def _scan(self) -> None:
         forgotten, _ = await self._everything.list(resume=False)
-        log.info("pods.scanned", holding=self._view.cluster.pods_holding(), forgotten=forgotten)
+        log.info("pods.scanned", holding=self._view.cluster.pods.holding(), forgotten=forgotten)
 
     async def _scan_every(self) -> None:
         while True:
@@ -153,8 +153,8 @@ class PodWatch:
         cluster = self._view.cluster
         while True:
             await asyncio.sleep(self._recheck_interval)
-            for namespace, name in list(cluster.pod_keys()):
-                held = cluster.pod(namespace, name)
+            for namespace, name in list(cluster.pods.keys()):
+                held = cluster.pods.get(namespace, name)
                 if held is None or (held.vmi is not None and held.watched):
                     continue
                 try:

@@ -66,7 +66,7 @@ class Accountant:
         if not (change.all_nodes or change.nodes or change.namespaces or change.kind is kinds.GPU_CLASS):
             return
         if change.all_nodes:
-            self._nodes |= set(self._cluster.nodes)
+            self._nodes |= set(self._cluster.capacity.nodes)
         if change.kind is kinds.GPU_CLASS:
             self._classes.add(change.name)
         self._nodes |= change.nodes
@@ -74,7 +74,7 @@ class Accountant:
         self._wake.set()
 
     async def run(self) -> None:
-        self._nodes |= set(self._cluster.nodes) | set(self._cluster.gpunodes)
+        self._nodes |= set(self._cluster.capacity.nodes) | set(self._cluster.gpunodes)
         while True:
             self._wake.clear()
             dirty, self._nodes = self._nodes | self._retry, set()
@@ -122,7 +122,7 @@ class Accountant:
                 log.info("budget.over", namespace=key[0], budget=key[1], message=now_over.message)
         touched, self._classes = self._classes, set()
         for cls in sorted(self._cluster.classes.values(), key=lambda c: c.name):
-            if cls.name not in touched and self._cluster.held_of_class(cls.name) == cls.status.held:
+            if cls.name not in touched and self._cluster.capacity.held_of_class(cls.name) == cls.status.held:
                 continue
             wanted = self._totals.status(self._cluster, cls)
             if wanted.model_dump(mode="json") != cls.status.model_dump(mode="json"):

@@ -77,7 +77,7 @@ class Collector:
         self._wake.set()
 
     def touch_vmi(self, namespace: str, vmi: str) -> None:
-        for d in self._cluster.attached_to(namespace, vmi):
+        for d in self._cluster.devices.attached_to(namespace, vmi):
             self._dirty.add((namespace, d.name))
         self._wake.set()
 
@@ -200,7 +200,7 @@ class Collector:
             self._events.post(device, "Released", action.reason)
         if action.do is Do.KEEP:
             self._events.post(device, "Kept", action.reason)
-        return self._cluster.device(namespace, device.name)
+        return self._cluster.devices.get((namespace, device.name))
 
     async def _write_meta(self, device: GPUDevice, **changes: object) -> GPUDevice | None:
         """The device as the view has it after the write; None when the write finished a deletion. A patch of the
@@ -210,7 +210,7 @@ class Collector:
         patch = {"metadata": {"resourceVersion": device.metadata.resource_version, **fields}}
         if not (await self._writer.patch(kinds.GPU_DEVICE, device.name, device.namespace or "", patch)).written:
             raise _Raced
-        return self._cluster.device(*device.key)
+        return self._cluster.devices.get(device.key)
 
     # -- classes --------------------------------------------------------------
 

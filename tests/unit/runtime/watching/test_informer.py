@@ -31,7 +31,7 @@ def _informer() -> tuple[Informer, View, MemKube]:
 
 
 def _held(view: View, name: str) -> bool:
-    return view.cluster.device(NS, name) is not None
+    return view.cluster.devices.get((NS, name)) is not None
 
 
 def _watched_from(kube: MemKube) -> list[str]:

@@ -49,7 +49,7 @@ def test_a_newer_version_and_a_deletion_still_go_in(monkeypatch: pytest.MonkeyPa
     assert len(parsed) == 1
     newer = kube.change(kinds.GPU_DEVICE, with_status(written, phase="Bound", nodeName="n1"), status=True)
     informer._take(newer)
-    held = view.cluster.device(NS, "d1")
+    held = view.cluster.devices.get((NS, "d1"))
     assert held is not None and held.status.node_name == "n1" and len(heard) == 2 and len(parsed) == 2
     informer._take(newer, deleted=True)
-    assert view.cluster.device(NS, "d1") is None
+    assert view.cluster.devices.get((NS, "d1")) is None

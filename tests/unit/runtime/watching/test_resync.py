@@ -32,7 +32,7 @@ def _resync() -> tuple[Resync, View, MemKube]:
 
 def _holds(view: View) -> tuple[set[str], set[str]]:
     nodes = {n for n in ("n1", "n2") if view.cluster.knows(kinds.NODE, n)}
-    devices = {d for d in ("d1", "d2") if view.cluster.device(NS, d) is not None}
+    devices = {d for d in ("d1", "d2") if view.cluster.devices.get((NS, d)) is not None}
     return nodes, devices
 
 
@@ -57,6 +57,6 @@ def test_a_periodic_resync_the_api_fails_is_tried_again_at_the_next_interval() -
     async def every() -> None:
         await resync.every(0.02)
 
-    assert asyncio.run(run_until(every, lambda: view.cluster.device(NS, "d2") is None))
+    assert asyncio.run(run_until(every, lambda: view.cluster.devices.get((NS, "d2")) is None))
     assert kube.count("list") >= 2 + 1 + 2  # the start-up's two, the failed one, a whole resync after
     assert _holds(view) == ({"n1", "n2"}, {"d1"})

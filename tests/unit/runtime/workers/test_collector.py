@@ -72,7 +72,7 @@ def test_a_held_device_attached_to_a_vmi_that_is_gone_is_detached_and_the_view_f
 
     done, released = asyncio.run(scenario())
     assert done and released == 1
-    held = view.cluster.device(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and held.status.attached_to is None
 
 
@@ -130,7 +130,7 @@ def test_a_tenants_annotations_are_not_kept_in_the_view_nor_lost_by_a_metadata_w
     fat = {"note": "x" * 200_000}
     body["metadata"]["annotations"], body["metadata"]["labels"]["team"] = fat, "a"
     _seen(view, kube, body)
-    kept = view.cluster.device(NS, "v-gpu-0")
+    kept = view.cluster.devices.get((NS, "v-gpu-0"))
     assert kept is not None and kept.metadata.annotations == {}
     assert kept.metadata.labels == {LABEL_TEMPLATE_DEVICE: TRUE}
 
@@ -155,7 +155,7 @@ def test_a_delete_that_loses_a_race_is_decided_again_on_the_writers_fresh_read_a
     kube.before_next("delete", lambda: kube.change(kinds.GPU_DEVICE, reattached, status=True))
 
     def settled() -> bool:
-        held = view.cluster.device(NS, "v-gpu-0")
+        held = view.cluster.devices.get((NS, "v-gpu-0"))
         return held is not None and held.status.attached_to is not None and held.status.attached_to.uid is None
 
     async def scenario() -> tuple[bool, int]:

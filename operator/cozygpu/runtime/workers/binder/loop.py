@@ -151,11 +151,11 @@ class Binder:
 
     async def _answer_requests(self) -> bool:
         waiting = False
-        ids = self._cluster.open_request_ids()
+        ids = self._cluster.devices.open_request_ids()
         ids.sort(key=self._requested_at)
         for request_id in ids:
             await self._breathe()
-            if any(self._cluster.assumed(*d.key) for d in self._cluster.devices_of_request(request_id)):
+            if any(self._cluster.devices.assumed(*d.key) for d in self._cluster.devices.of_request(request_id)):
                 waiting = True  # a write of ours on one of its devices is still out: decide after it
                 continue
             # The slot first: nothing may change between the decision and its assumption in the view.
@@ -183,7 +183,7 @@ class Binder:
         )
 
     def _requested_at(self, request_id: str) -> dt.datetime:
-        for d in self._cluster.devices_of_request(request_id):
+        for d in self._cluster.devices.of_request(request_id):
             if d.status.bind_request is not None:
                 return d.status.bind_request.requested_at
         return self._clock()
@@ -283,15 +283,15 @@ class Binder:
     async def _decide(self, device: GPUDevice, *, may_step_aside: bool) -> bool:
         """Place one waiting device or say why it waits; False when it stepped aside before deciding."""
         key = device.key
-        current = self._cluster.device(*key)
-        if current is None or self._cluster.assumed(*key) or not current.awaits_node:
+        current = self._cluster.devices.get(key)
+        if current is None or self._cluster.devices.assumed(*key) or not current.awaits_node:
             return True
         # The slot first: nothing may change between the decision and its assumption in the view.
         async with self.dispatcher.slot() as slot:
             if may_step_aside and self.queue.stepping_aside():
                 return False
-            current = self._cluster.device(*key)
-            if current is None or self._cluster.assumed(*key) or not current.awaits_node:
+            current = self._cluster.devices.get(key)
+            if current is None or self._cluster.devices.assumed(*key) or not current.awaits_node:
                 return True
             if overtakes(self._cluster, current):
                 # Room appeared mid-pass that an older device of the class fits in: it goes first (§5.5).

@@ -79,7 +79,7 @@ class Mover:
     def heard_nodes(self, nodes: frozenset[str], room: frozenset[str]) -> bool:
         """A change named these nodes and left room in these classes: whether idle devices may leave a cordoned node
         now (one was cordoned, or room appeared for a class one of them waits on). Nothing else wakes it (§14.3)."""
-        if (nodes & self._cluster.cordoned()) or (room & self._stuck):
+        if (nodes & self._cluster.capacity.cordoned()) or (room & self._stuck):
             self._evacuation_due = True
         return self._evacuation_due
 
@@ -91,7 +91,7 @@ class Mover:
         if not self._evacuation_due:
             return
         self._evacuation_due = False
-        if not self._cluster.cordoned():
+        if not self._cluster.capacity.cordoned():
             self._stuck = set()
             return
         under_way: dict[str, int] = {}
@@ -117,8 +117,8 @@ class Mover:
         going = {m.device.key for m in moves} | set(self._leaving)
         return {
             d.spec.class_name
-            for name in self._cluster.cordoned()
-            for d in self._cluster.devices_on(name)
+            for name in self._cluster.capacity.cordoned()
+            for d in self._cluster.devices.on(name)
             if d.key not in going and d.status.node_name == name and d.idle
         }
 
@@ -142,7 +142,7 @@ class Mover:
 
     def _moving(self) -> bool:
         """Whether idle devices may move at all now: for someone else (§5.7), or off a cordoned node (§6.8)."""
-        return self.limit > 0 or bool(self._cluster.cordoned())
+        return self.limit > 0 or bool(self._cluster.capacity.cordoned())
 
     def heard(self, reach: frozenset[str]) -> frozenset[str]:
         """Classes where a node's free plus idle units rose: those to decide again now, since the idle devices there
@@ -155,22 +155,22 @@ class Mover:
         that ripened."""
         if not self._moving():
             return frozenset()
-        until = self._cluster.idle_clock() - self._idle_after
+        until = self._cluster.capacity.idle_clock() - self._idle_after
         after, self._ripened = self._ripened, until
         if after is None or until <= after:
             return frozenset()
-        if self._cluster.cordoned():
+        if self._cluster.capacity.cordoned():
             self._evacuation_due = True  # a device on a cordoned node (which serves no class) may have ripened
-        return frozenset(self._cluster.turned_idle(after, until)) if self.limit > 0 else frozenset()
+        return frozenset(self._cluster.capacity.turned_idle(after, until)) if self.limit > 0 else frozenset()
 
     def sooner(self, timeout: float | None) -> float | None:
         """The binder's wait, shortened to when the next device that turned idle may move."""
         if not self._moving() or self._ripened is None:
             return timeout
-        since = self._cluster.next_idle(self._ripened)
+        since = self._cluster.capacity.next_idle(self._ripened)
         if since is None:
             return timeout
-        until = max(since + self._idle_after - self._cluster.idle_clock(), 0.0)
+        until = max(since + self._idle_after - self._cluster.capacity.idle_clock(), 0.0)
         return until if timeout is None else min(timeout, until)
 
     def make_room(self, devices: Sequence[GPUDevice], outcome: Placement | NoPlacement, *, asked: bool) -> bool:

@@ -54,7 +54,7 @@ class WaitingRoom:
         if change.kind is kinds.GPU_DEVICE and not change.deleted:
             key = (change.namespace, change.name)
             self._fresh.add(key)
-            device = self._cluster.device(*key)
+            device = self._cluster.devices.get(key)
             if device is not None and device.open_request is not None:
                 self.asked = True
         self._room |= change.room
@@ -91,7 +91,7 @@ class WaitingRoom:
         else:
             musts = must_decide(self._cluster, self._served, self._fresh | oldest(self._cluster, self._reach))
             if self._rest:
-                musts = list(heapq.merge(self._rest, musts, key=self._cluster.turn))
+                musts = list(heapq.merge(self._rest, musts, key=self._cluster.devices.turn))
             room = self._room - self._served
         self._fresh, self._room, self._served, self._reach, self._rest = set(), set(), set(), set(), []
         self._passed_over.clear()

@@ -50,7 +50,7 @@ class Binder:
 
     def __init__(self, c: Cluster) -> None:
         self.c = c
-        self.c.nodes = CountingNodes(c.nodes)
+        self.c.capacity.nodes = CountingNodes(c.capacity.nodes)
         self.room: set[str] = set()
         self.served: set[str] = set()
         self.fresh: set[DeviceKey] = set()
@@ -73,18 +73,18 @@ class Binder:
             musts, room, self.first = in_turn(self.c), set(), False
         else:
             musts, room = must_decide(self.c, self.served, self.fresh), self.room - self.served
-            musts = sorted({(x.namespace, x.name): x for x in [*self.rest, *musts]}.values(), key=self.c.turn)
+            musts = sorted({(x.namespace, x.name): x for x in [*self.rest, *musts]}.values(), key=self.c.devices.turn)
         self.room, self.served, self.fresh, self.rest = set(), set(), set(), []
         decisions = most = 0
         for d, for_room in to_decide(self.c, musts, room):
             if for_room and not fits_now(self.c, d):
                 continue
-            current = self.c.device(d.namespace or "", d.name)
+            current = self.c.devices.get((d.namespace or "", d.name))
             if current is None or not current.awaits_node:
                 continue
             if overtakes(self.c, current):  # as the binder: an older device of the class fits, it goes first
                 self.room.add(current.spec.class_name)
-                self.rest = [x for x in musts if self.c.turn(x) >= self.c.turn(current)]
+                self.rest = [x for x in musts if self.c.devices.turn(x) >= self.c.devices.turn(current)]
                 return decisions, most
             CountingNodes.visits = 0
             outcome = place(self.c, [current])
@@ -132,7 +132,7 @@ def test_a_backlog_no_node_serves_is_never_visited_by_another_tenants_churn() ->
         b.apply(kinds.GPU_DEVICE, device(f"churn-{i}", namespace="a", created=10_000 + i))
         passes = b.settle()
         assert sum(n for n, _ in passes) == 1 and max(m for _, m in passes) == 0
-        bound = b.c.device("a", f"churn-{i}")
+        bound = b.c.devices.get(("a", f"churn-{i}"))
         assert bound is not None and bound.holds_gpus
         b.apply(kinds.GPU_DEVICE, bound.wire(), deleted=True)
         passes = b.settle()
@@ -149,7 +149,7 @@ def test_an_unplaceable_device_is_found_so_without_a_scan() -> None:
     assert sum(n for n, _ in passes) == 4  # each decided, and once more on its own waiting write's echo
     assert max(m for _, m in passes) <= 4
     for name in ("big", "stray"):
-        d = b.c.device("a", name)
+        d = b.c.devices.get(("a", name))
         assert d is not None
         assert d.status.message == place_scanning(b.c, [d]).message  # type: ignore[union-attr]
 
@@ -165,12 +165,12 @@ def test_freed_units_wake_the_oldest_device_that_fits_and_no_more() -> None:
     )
     b = Binder(c)
     b.settle()
-    gone = c.device("t1", "h0")
+    gone = c.devices.get(("t1", "h0"))
     assert gone is not None
     b.apply(kinds.GPU_DEVICE, gone.wire(), deleted=True)
     decisions = sum(n for n, _ in b.settle())
     assert decisions == 1
-    placed = c.device("t1", "w000")
+    placed = c.devices.get(("t1", "w000"))
     assert placed is not None and placed.holds_gpus
     assert [d.name for d in in_turn(c)][:1] == ["w001"]
 
@@ -179,12 +179,12 @@ def check_index(c: Cluster) -> None:
     """The serving index equals the rule applied to every node now."""
     for cls in c.classes.values():
         name, resource = cls.name, cls.spec.resource_name
-        serves = {n for n, info in c.nodes.items() if name in serving.serving(info, c.classes.values())}
-        free = [(c.nodes[n].free(resource, c.taken_units(n).get(resource, 0)), n) for n in serves]
-        assert c.serving.fullest_first(name, 10_000) == sorted(free, key=lambda x: (-x[0], x[1]))
-        others = sorted(n for n, info in c.nodes.items() if resource in info.allocatable and n not in serves)
-        assert c.serving.unserved(name, 10_000) == others
-        assert c.serving.counts(name) == (len(serves), len(others))
+        serves = {n for n, info in c.capacity.nodes.items() if name in serving.serving(info, c.classes.values())}
+        free = [(c.capacity.nodes[n].free(resource, c.capacity.taken_units(n).get(resource, 0)), n) for n in serves]
+        assert c.capacity.serving.fullest_first(name, 10_000) == sorted(free, key=lambda x: (-x[0], x[1]))
+        others = sorted(n for n, info in c.capacity.nodes.items() if resource in info.allocatable and n not in serves)
+        assert c.capacity.serving.unserved(name, 10_000) == others
+        assert c.capacity.serving.counts(name) == (len(serves), len(others))
 
 
 NODES = [f"n{i}" for i in range(5)]
@@ -201,8 +201,8 @@ def random_event(b: Binder, rnd: random.Random, step: int) -> None:
             kinds.NODE,
             node(rnd.choice(NODES), gpus, labels=labels, ready=rnd.random() > 0.2, unschedulable=rnd.random() < 0.2),
         )
-    elif what == "node-gone" and c.nodes:
-        b.apply(kinds.NODE, {"metadata": {"name": rnd.choice(sorted(c.nodes))}}, deleted=True)
+    elif what == "node-gone" and c.capacity.nodes:
+        b.apply(kinds.NODE, {"metadata": {"name": rnd.choice(sorted(c.capacity.nodes))}}, deleted=True)
     elif what == "device":
         b.apply(kinds.GPU_DEVICE, device(f"d{step}", rnd.choice(sorted(CLASSES)), rnd.randint(1, 3), created=step))
     elif what == "delete" and c.devices:
@@ -216,13 +216,13 @@ def random_event(b: Binder, rnd: random.Random, step: int) -> None:
                 "zoned", A10, rnd.choice(["passthrough", "vgpu"]), **({"nodeSelector": {"zone": zone}} if zone else {})
             ),
         )
-    elif what == "pod" and c.nodes:
+    elif what == "pod" and c.capacity.nodes:
         b.apply(
             kinds.POD,
             pod(
                 "job",
                 {A10: rnd.randint(0, 2)},
-                node=rnd.choice(sorted(c.nodes)),
+                node=rnd.choice(sorted(c.capacity.nodes)),
                 phase=rnd.choice(["Running", "Succeeded"]),
             ),
         )
@@ -248,7 +248,7 @@ def test_after_any_events_the_index_holds_and_nothing_placeable_is_left_waiting(
 
 
 def test_waiting_devices_by_class_and_size_are_what_the_view_holds() -> None:
-    """`Cluster.waiting` lists the class's devices that await a node, in turn, up to a size."""
+    """`Cluster.devices.waiting` lists the class's devices that await a node, in turn, up to a size."""
     c = cluster(
         classes=[gpu_class("a10")],
         devices=[
@@ -259,9 +259,9 @@ def test_waiting_devices_by_class_and_size_are_what_the_view_holds() -> None:
             device("h", phase="Bound", node_name="n1"),
         ],
     )
-    assert [d.name for d in c.waiting("a10")] == ["c", "b", "a"]
-    assert [d.name for d in c.waiting("a10", 2)] == ["b", "a"]
-    assert all(isinstance(d, GPUDevice) for d in c.waiting("a10"))
+    assert [d.name for d in c.devices.waiting("a10")] == ["c", "b", "a"]
+    assert [d.name for d in c.devices.waiting("a10", 2)] == ["b", "a"]
+    assert all(isinstance(d, GPUDevice) for d in c.devices.waiting("a10"))
 
 
 def test_room_freed_while_a_pass_is_under_way_goes_to_the_oldest_device_of_the_class() -> None:
@@ -276,7 +276,7 @@ def test_room_freed_while_a_pass_is_under_way_goes_to_the_oldest_device_of_the_c
     b.settle()
     b.apply(kinds.GPU_DEVICE, device("a", "nowhere", created=2))
     b.apply(kinds.GPU_DEVICE, device("f", created=3))
-    held = c.device("t1", "h")
+    held = c.devices.get(("t1", "h"))
     assert held is not None
 
     def free_the_unit() -> None:
@@ -285,6 +285,6 @@ def test_room_freed_while_a_pass_is_under_way_goes_to_the_oldest_device_of_the_c
 
     b.between = free_the_unit
     b.settle()
-    o, f = c.device("t1", "o"), c.device("t1", "f")
+    o, f = c.devices.get(("t1", "o")), c.devices.get(("t1", "f"))
     assert o is not None and o.holds_gpus
     assert f is not None and not f.holds_gpus

@@ -101,7 +101,7 @@ def test_a_template_bind_counts_the_held_creates_another_replica_admitted() -> N
     [answer] = _answered(binder, kube, "t")
     assert answer["status"] == "Failed" and answer["phase"] != "Bound", answer
     assert "GPUBudget t1/cap" in answer["message"], answer
-    assert view.cluster.budget_use(NS, "cap").get("a10", 0) == 0  # taken back in the view too: nothing held
+    assert view.cluster.budgets.use(NS, "cap").get("a10", 0) == 0  # taken back in the view too: nothing held
 
 
 def test_without_charges_the_leader_binds_past_the_budget() -> None:
@@ -132,7 +132,7 @@ def test_held_devices_that_reach_the_view_between_decision_and_charge_take_the_b
     _template_set(view, kube, "t", now())
     [answer] = _answered(binder, kube, "t")
     assert answer["status"] == "Failed", answer
-    assert view.cluster.budget_use(NS, "cap").get("a10", 0) == LIMIT
+    assert view.cluster.budgets.use(NS, "cap").get("a10", 0) == LIMIT
 
 
 def test_a_held_create_on_another_replica_counts_the_leaders_template_bind() -> None:
@@ -202,4 +202,4 @@ def test_a_bind_its_budget_cannot_record_is_refused_not_bound(monkeypatch: pytes
     [answer] = _answered(binder, kube, "t")
     assert answer["status"] == "Failed" and answer["phase"] != "Bound", answer
     assert "GPUBudget t1/cap has 0 orders not yet counted" in answer["message"], answer
-    assert view.cluster.budget_use(NS, "cap").get("a10", 0) == 0
+    assert view.cluster.budgets.use(NS, "cap").get("a10", 0) == 0

@@ -55,9 +55,9 @@ def test_a_waiting_held_device_is_bound_on_the_best_fit_node_in_the_api_and_the_
     _seen(view, kube, device("d"))
     assert asyncio.run(run_until(binder.run, lambda: _bound_on(kube, "d") is not None))
     assert _bound_on(kube, "d") == "n2"
-    held = view.cluster.device(NS, "d")
+    held = view.cluster.devices.get((NS, "d"))
     assert held is not None and str(held.status.phase) == "Bound" and held.status.node_name == "n2"
-    assert not view.cluster.assumed(NS, "d")  # the write settled its assumption
+    assert not view.cluster.devices.assumed(NS, "d")  # the write settled its assumption
 
 
 def _answer_a_request_of_two(binder: Binder, view: View, kube: MemKube) -> None:
@@ -108,7 +108,7 @@ def test_a_bind_write_that_conflicts_is_decided_again_on_the_fresh_object_and_sp
     api = kube.stored(kinds.GPU_DEVICE, "a", NS)
     assert api is not None and api["metadata"]["labels"] == {"team": "x"}  # written on their version
     assert kube.count("replace_status") >= 3  # the lost write, its retry, b's Pending
-    held = view.cluster.device(NS, "b")
+    held = view.cluster.devices.get((NS, "b"))
     assert held is not None and held.status.node_name is None
 
 
@@ -122,7 +122,7 @@ def test_a_device_deleted_while_its_bind_is_in_flight_is_not_written_and_its_uni
     kube.before_next("replace_status", lambda: kube.remove(kinds.GPU_DEVICE, "a", NS))
     assert asyncio.run(run_until(binder.run, lambda: _bound_on(kube, "b") == "n1"))
     assert kube.stored(kinds.GPU_DEVICE, "a", NS) is None
-    assert view.cluster.device(NS, "a") is None  # the writer's NotFound: the view forgot it
+    assert view.cluster.devices.get((NS, "a")) is None  # the writer's NotFound: the view forgot it
     assert _bound_in_api(kube) == ["b"]
 
 

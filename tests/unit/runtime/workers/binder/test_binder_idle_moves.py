@@ -215,7 +215,7 @@ async def _settled(view: View, kube: MemKube) -> None:
     for _ in range(400):
         _never_over(kube)
         now = sorted((k, d["metadata"]["resourceVersion"]) for k, d in _api(kube).items())
-        if now == last and not any(view.cluster.assumed(*k) for k, _ in now):
+        if now == last and not any(view.cluster.devices.assumed(*k) for k, _ in now):
             return
         last = now
         await asyncio.sleep(0.01)

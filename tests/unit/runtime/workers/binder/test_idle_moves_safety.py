@@ -227,7 +227,7 @@ def test_other_tenants_are_answered_while_a_move_is_being_written() -> None:
     async def scenario() -> tuple[bool, bool, str | None]:
         slow = kube.hold_status_write("b")
         _seen(view, kube, device("eight", count=8, namespace="a", created=10))  # fits once b leaves X
-        moving = await _until(lambda: view.cluster.assumed("b", "b"))
+        moving = await _until(lambda: view.cluster.devices.assumed("b", "b"))
         _seen(
             view,
             kube,

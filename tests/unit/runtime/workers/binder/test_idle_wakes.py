@@ -82,7 +82,7 @@ def test_a_reservation_the_binder_placed_becomes_movable_and_the_waiting_order_i
         _set_status(view, kube, "t1", "one1", {**_status(kube, "t1", "one1"), **_attached("vm1")})
         _seen(view, kube, device("four", count=4, created=10))
         assert await _until(lambda: _status(kube, "t1", "four").get("phase") == "Pending", 2.0)
-        young = view.cluster.idle_for(("t1", "one2"))
+        young = view.cluster.capacity.idle_for(("t1", "one2"))
         placed = await _until(lambda: _where(kube, "t1", "four") is not None, WAIT + 3.0)
         return _where(kube, "t1", "one1"), young is not None and young < WAIT and placed, _where(kube, "t1", "four")
 
@@ -113,7 +113,7 @@ def test_a_device_an_idle_move_landed_becomes_movable_again_for_the_next_order()
         first = _where(kube, "b", "b")  # Y: the fullest node that takes it (4 free against Z's 6)
         _seen(view, kube, device("four", class_name="y-only", count=4, namespace="a", created=11))
         assert await _until(lambda: _status(kube, "a", "four").get("phase") == "Pending", 2.0)
-        young = view.cluster.idle_for(("b", "b"))
+        young = view.cluster.capacity.idle_for(("b", "b"))
         placed = await _until(lambda: _where(kube, "a", "four") == "Y", WAIT + 3.0)
         return first, young is not None and young < WAIT and placed
 
@@ -138,7 +138,7 @@ def test_a_device_found_idle_in_the_list_an_operator_starts_from_becomes_movable
     async def scenario() -> bool:
         _seen(view, kube, device("eight", count=8, namespace="a", created=10))
         assert await _until(lambda: _status(kube, "a", "eight").get("phase") == "Pending", 2.0)
-        young = view.cluster.idle_for(("b", "b"))
+        young = view.cluster.capacity.idle_for(("b", "b"))
         placed = await _until(lambda: _where(kube, "a", "eight") == "X", WAIT + 3.0)
         return young is not None and young < WAIT and placed
 
@@ -162,7 +162,11 @@ def test_a_device_ripening_wakes_only_the_classes_its_node_serves_with_its_resou
     _seen(view, kube, device("d", count=2, namespace="d", phase="Bound", node_name="X"))
     _set_status(view, kube, "d", "d", {"phase": "Bound", "nodeName": "X", **_attached("vd")})
     cluster = view.cluster
-    assert cluster.turned_idle(99.0, 100.0) == {"a10"}
-    assert cluster.turned_idle(100.0, 101.0) == {"other"}
-    assert cluster.turned_idle(101.0, 105.0) == set()  # d is attached now
-    assert cluster.next_idle(99.0) == 100.0 and cluster.next_idle(100.0) == 101.0 and cluster.next_idle(101.0) is None
+    assert cluster.capacity.turned_idle(99.0, 100.0) == {"a10"}
+    assert cluster.capacity.turned_idle(100.0, 101.0) == {"other"}
+    assert cluster.capacity.turned_idle(101.0, 105.0) == set()  # d is attached now
+    assert (
+        cluster.capacity.next_idle(99.0) == 100.0
+        and cluster.capacity.next_idle(100.0) == 101.0
+        and cluster.capacity.next_idle(101.0) is None
+    )
