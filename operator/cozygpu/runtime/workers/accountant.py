@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
+from collections.abc import Callable
 
 import structlog
 
@@ -24,7 +26,7 @@ from cozygpu.decisions.nodestatus import gpunode_status
 from cozygpu.decisions.orders import counted, due
 from cozygpu.decisions.usestatus import ClassTotals, budget_status
 from cozygpu.kube.adapter import ApiError
-from cozygpu.runtime.writes import State, Writer
+from cozygpu.runtime.writes import Body, State, Step, Writer
 from cozygpu.state.cluster import Change, Cluster
 
 log = structlog.get_logger("cozygpu.accountant")
@@ -51,6 +53,7 @@ class Accountant:
         self._cluster = cluster
         self._writer = writer
         self._wake = asyncio.Event()
+        # Nodes whose write failed (the API did not answer) or lost every race: looked at again a second later.
         self._retry: set[str] = set()
         # Nodes whose GPUNode status may have changed, namespaces whose budgets' use may have.
         self._nodes: set[str] = set()
@@ -102,31 +105,64 @@ class Accountant:
     async def _sync_use(self, namespaces: set[str]) -> None:
         """Budgets covering the changed namespaces; classes whose totals or held units moved (from counters)."""
         budgets = {b.key: b for ns in namespaces for b in covering_budgets(self._cluster, ns)}
-        for key, budget in sorted(budgets.items()):
-            now = utcnow()
-            status = budget_status(self._cluster, budget, now)
-            when = due(status.orders)
-            if any(counted(self._cluster, o) for o in status.orders):
-                # Counted from our own write's answer, not yet from the watch: taken off once the watch has it.
-                when = min(when or now + RECOUNT, now + RECOUNT)
-            if when is not None:
-                self._due[key] = when
-            else:
-                self._due.pop(key, None)
-            if _same(status, budget.status):
-                continue
-            await self._write_status(kinds.GPU_BUDGET, budget.model_copy(update={"status": status}).wire())
-            was = [c.status for c in budget.status.conditions]
-            now_over = status.conditions[0]
-            if now_over.status is ConditionStatus.TRUE and ConditionStatus.TRUE not in was:
-                log.info("budget.over", namespace=key[0], budget=key[1], message=now_over.message)
+        for key, before in sorted(budgets.items()):
+            if await self._keep_status(kinds.GPU_BUDGET, key, functools.partial(self._budget_wanted, key)):
+                after = self._cluster.budgets.get(key)
+                over = after.status.conditions[0] if after is not None and after.status.conditions else None
+                was = [c.status for c in before.status.conditions]
+                if over is not None and over.status is ConditionStatus.TRUE and ConditionStatus.TRUE not in was:
+                    log.info("budget.over", namespace=key[0], budget=key[1], message=over.message)
         touched, self._classes = self._classes, set()
         for cls in sorted(self._cluster.classes.values(), key=lambda c: c.name):
             if cls.name not in touched and self._cluster.capacity.held_of_class(cls.name) == cls.status.held:
                 continue
-            wanted = self._totals.status(self._cluster, cls)
-            if wanted.model_dump(mode="json") != cls.status.model_dump(mode="json"):
-                await self._write_status(kinds.GPU_CLASS, cls.model_copy(update={"status": wanted}).wire())
+            await self._keep_status(kinds.GPU_CLASS, ("", cls.name), functools.partial(self._class_wanted, cls.name))
+
+    def _budget_wanted(self, key: tuple[str, str]) -> Body | None:
+        """The budget with the status the view says, None if it has that already; notes when to look again (§7.4)."""
+        budget = self._cluster.budgets.get(key)
+        if budget is None:
+            return None
+        now = utcnow()
+        status = budget_status(self._cluster, budget, now)
+        when = due(status.orders)
+        if any(counted(self._cluster, o) for o in status.orders):
+            # Counted from our own write's answer, not yet from the watch: taken off once the watch has it.
+            when = min(when or now + RECOUNT, now + RECOUNT)
+        if when is not None:
+            self._due[key] = when
+        else:
+            self._due.pop(key, None)
+        return None if _same(status, budget.status) else budget.model_copy(update={"status": status}).wire()
+
+    def _class_wanted(self, name: str) -> Body | None:
+        cls = self._cluster.classes.get(name)
+        if cls is None:
+            return None
+        wanted = self._totals.status(self._cluster, cls)
+        if wanted.model_dump(mode="json") == cls.status.model_dump(mode="json"):
+            return None
+        return cls.model_copy(update={"status": wanted}).wire()
+
+    async def _keep_status(self, kind: kinds.Kind, key: tuple[str, str], wanted: Callable[[], Body | None]) -> bool:
+        """Write the status `wanted` makes from the view, if it differs; one that lost is decided again on the
+        winner's version, which the writer put in the view (`Writer.update`). Whether a write landed."""
+
+        async def decide(_: Body | None) -> Step | None:
+            body = wanted()
+            return None if body is None else functools.partial(self._writer.replace_status, kind, body)
+
+        try:
+            outcome = await self._writer.update(None, decide)
+        except ApiError as e:
+            log.warning("status.write_failed", kind=kind.kind, namespace=key[0] or None, name=key[1], error=e.message)
+            return False
+        if outcome.state is State.CONFLICT:  # raced every time: looked at again on the next pass
+            if kind is kinds.GPU_CLASS:
+                self._classes.add(key[1])
+            self._namespaces.add(key[0])
+            self._wake.set()
+        return outcome.written
 
     def _next_due(self) -> float | None:
         """Seconds until a budget's record next loses an order (its namespace is looked at again then), or None."""
@@ -140,44 +176,39 @@ class Accountant:
             return 0
         return max(0.0, (min(self._due.values()) - now).total_seconds()) if self._due else None
 
-    async def _write_status(self, kind: kinds.Kind, body: dict[str, object]) -> None:
-        try:
-            if not (await self._writer.replace_status(kind, body)).written:
-                # Someone wrote first (or it is gone): looked at again with what the API has now.
-                meta = body["metadata"]
-                assert isinstance(meta, dict)
-                if kind is kinds.GPU_CLASS:
-                    self._classes.add(str(meta.get("name") or ""))
-                self._namespaces.add(str(meta.get("namespace") or ""))
-                self._wake.set()
-        except ApiError as e:
-            log.warning("status.write_failed", kind=kind.kind, error=e.message)
-
     async def _sync(self, name: str) -> None:
-        existing = self._cluster.gpunodes.get(name)
-        status = gpunode_status(self._cluster, name, existing.status.conditions if existing else [], utcnow())
-        if status is None:
-            if existing is not None:
-                outcome = await self._writer.delete(kinds.GPU_NODE, name, uid=existing.metadata.uid, at_once=True)
-                if outcome.state is State.CONFLICT:  # another object of the name now: looked at again
-                    self._retry.add(name)
-                    return
-                log.info("gpunode.deleted", node=name)
-            return
-        if existing is None:
-            # Made meanwhile (a CONFLICT): the one there is read into the view and brought up to date here.
-            outcome = await self._writer.create(
-                kinds.GPU_NODE, {"apiVersion": API_VERSION, "kind": "GPUNode", "metadata": {"name": name}}
-            )
-            if outcome.body is None:
+        """Bring the node's GPUNode to what the view says (§8.3): create, update or delete it. Each write is decided
+        on the view, which holds what a write that lost read (`Writer.update`); a create is followed by its status."""
+        verb = ""
+
+        async def decide(_: Body | None) -> Step | None:
+            nonlocal verb
+            existing = self._cluster.gpunodes.get(name)
+            status = gpunode_status(self._cluster, name, existing.status.conditions if existing else [], utcnow())
+            if status is None:
+                if existing is None:
+                    return None
+                verb, uid = "deleted", existing.metadata.uid
+                return lambda: self._writer.delete(kinds.GPU_NODE, name, uid=uid, at_once=True)
+            if existing is None:
+                verb, body = "created", {"apiVersion": API_VERSION, "kind": "GPUNode", "metadata": {"name": name}}
+                return lambda: self._writer.create(kinds.GPU_NODE, body)
+            wanted = existing.model_copy(update={"status": status})
+            if _comparable(wanted) == _comparable(existing):
+                return None
+            verb = "updated"
+            return lambda: self._writer.replace_status(kinds.GPU_NODE, wanted.wire())
+
+        # At most: a status write that finds the object gone, its create, the create's status, a look at what is left.
+        for _ in range(4):
+            outcome = await self._writer.update(None, decide)
+            if outcome.state is State.CONFLICT:  # raced every time: looked at again
                 self._retry.add(name)
                 return
-            existing = GPUNode.from_wire(outcome.body)
-            log.info("gpunode.created", node=name)
-        wanted = existing.model_copy(update={"status": status})
-        if _comparable(wanted) == _comparable(existing):
-            return
-        if not (await self._writer.replace_status(kinds.GPU_NODE, wanted.wire())).written:
-            self._retry.add(name)
-            return
-        log.info("gpunode.updated", node=name, summary=status.summary)
+            if outcome.state is State.CURRENT:  # nothing left to write
+                return
+            if outcome.state is State.LANDED:
+                node = self._cluster.gpunodes.get(name)
+                summary = node.status.summary if node is not None and verb == "updated" else None
+                log.info(f"gpunode.{verb}", node=name, **({"summary": summary} if summary is not None else {}))
+            # GONE (the view forgot it): decided again, on nothing there.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -26,7 +27,7 @@ from cozygpu.decisions import lifecycle
 from cozygpu.decisions.lifecycle import Action, Do
 from cozygpu.kube.adapter import ApiError
 from cozygpu.runtime.events import Recorder
-from cozygpu.runtime.writes import State, Writer
+from cozygpu.runtime.writes import Body, Outcome, State, Step, Writer
 from cozygpu.state.cluster import Change, Cluster, DeviceKey
 
 log = structlog.get_logger("cozygpu.collector")
@@ -120,9 +121,7 @@ class Collector:
         for key in sorted(keys | {k for k, when in self._due.items() if when <= now}):
             device = self._cluster.devices.get(key)
             if device is not None:
-                actions = await self._actions(device, now)
-                if actions:
-                    await self._apply(device, actions)
+                await self._settle(device, now)
             after = self._cluster.devices.get(key)
             when = lifecycle.due(after, self._grace, now) if after is not None else None
             if when is None:
@@ -149,31 +148,57 @@ class Collector:
         runs = vm is not None and (vm.get("metadata") or {}).get("uid") == ask.uid and wants_to_run(vm)
         return lifecycle.device_actions(self._cluster, device, now, self._grace, vm_runs=runs)
 
-    async def _apply(self, device: GPUDevice, actions: list[Action]) -> None:
+    async def _settle(self, device: GPUDevice, now: dt.datetime) -> None:
+        """Decide on the device and make the decision's writes; when someone wrote first, decide again on their
+        version, which the writer put in the view (`Writer.update`). Raced every time: the next pass looks again."""
         key = device.key
-        current: GPUDevice | None = device
+
+        async def decide(_: Body | None) -> Step | None:
+            current = self._cluster.devices.get(key)
+            actions = await self._actions(current, now) if current is not None else []
+            if current is None or not actions:
+                return None
+            return functools.partial(self._write_runs, current, lifecycle.runs(actions))
+
         try:
-            for run in lifecycle.runs(actions):
-                if current is None:
-                    return
-                current = await self._do(current, run)
-                for a in run:
-                    log.info(f"device.{a.do.value}", namespace=key[0], device=key[1], reason=a.reason, uid=a.uid)
-        except _Raced:
-            # Someone wrote first: the view holds their version now, and the next pass looks again.
-            self._dirty.add(key)
-            self._wake.set()
+            outcome = await self._writer.update(None, decide)
         except ApiError as e:
             log.warning("collector.write_failed", namespace=key[0], device=key[1], error=e.message)
+            return
+        if outcome.state is State.CONFLICT:
+            self._dirty.add(key)
+            self._wake.set()
 
-    async def _do(self, device: GPUDevice, run: list[Action]) -> GPUDevice | None:
+    async def _write_runs(self, device: GPUDevice, runs: list[list[Action]]) -> Outcome:
+        """The writes of one decision in turn, each on the device as the one before left it; the first that did
+        not land ends them with its outcome (a CONFLICT: decided again on what the API has now)."""
+        current: GPUDevice | None = device
+        for run in runs:
+            if current is None:
+                break
+            outcome = await self._do(current, run)
+            if not outcome.written:
+                return outcome
+            for a in run:
+                log.info(
+                    f"device.{a.do.value}", namespace=device.namespace, device=device.name, reason=a.reason, uid=a.uid
+                )
+            # A deleted device takes no more writes; any other is written on as the view has it now.
+            current = None if run[0].do is Do.DELETE else self._cluster.devices.get(device.key)
+        return Outcome(State.LANDED)
+
+    async def _do(self, device: GPUDevice, run: list[Action]) -> Outcome:
         """One write: a status action, a delete, or a run of metadata actions together."""
         namespace, action = device.namespace or "", run[0]
         meta = device.metadata
         if action.do is Do.DELETE:
-            target: GPUDevice | None = device
             if FINALIZER_IN_USE in meta.finalizers:
-                target = await self._write_meta(device, **lifecycle.metadata_changes(device, action))
+                dropped = await self._write_meta(device, **lifecycle.metadata_changes(device, action))
+                if not dropped.written:
+                    return dropped
+                target = self._cluster.devices.get(device.key)
+            else:
+                target = device
             if target is not None:  # None: dropping the finalizer already finished a deletion
                 # Gone before we got to it (the view missed it in a watch gap): the writer forgets it. Under the
                 # version decided on: an admission reusing the device meanwhile (a quick restart) wins.
@@ -185,32 +210,28 @@ class Collector:
                     resource_version=target.metadata.resource_version,
                 )
                 if outcome.state is State.CONFLICT:
-                    raise _Raced
+                    return outcome
             self._events.post(device, "Released", f"deleted: {action.reason}")
-            return None
+            return Outcome(State.LANDED)
         if action.do in lifecycle.METADATA:
             return await self._write_meta(device, **lifecycle.metadata_changes_of(device, run))
         status = lifecycle.status_after(device, action)
         outcome = await self._writer.replace_status(
             kinds.GPU_DEVICE, device.model_copy(update={"status": status}).wire()
         )
-        if not outcome.written:
-            raise _Raced
-        if action.do is Do.DETACH:
+        if outcome.written and action.do is Do.DETACH:
             self._events.post(device, "Released", action.reason)
-        if action.do is Do.KEEP:
+        if outcome.written and action.do is Do.KEEP:
             self._events.post(device, "Kept", action.reason)
-        return self._cluster.devices.get((namespace, device.name))
+        return outcome
 
-    async def _write_meta(self, device: GPUDevice, **changes: object) -> GPUDevice | None:
-        """The device as the view has it after the write; None when the write finished a deletion. A patch of the
-        changed fields under the device's version: the view's copy leaves out what a replace would drop."""
+    async def _write_meta(self, device: GPUDevice, **changes: object) -> Outcome:
+        """A patch of the changed fields under the device's version: the view's copy leaves out what a replace
+        would drop. Landed, the view has the device as the write left it (or not at all: it finished a deletion)."""
         updated = device.metadata.model_copy(update=changes)
         fields = updated.model_dump(by_alias=True, exclude_none=True, mode="json", include=set(changes))
         patch = {"metadata": {"resourceVersion": device.metadata.resource_version, **fields}}
-        if not (await self._writer.patch(kinds.GPU_DEVICE, device.name, device.namespace or "", patch)).written:
-            raise _Raced
-        return self._cluster.devices.get(device.key)
+        return await self._writer.patch(kinds.GPU_DEVICE, device.name, device.namespace or "", patch)
 
     # -- classes --------------------------------------------------------------
 
@@ -230,7 +251,3 @@ class Collector:
             self._dirty_classes.add(cls.name)  # someone wrote first: looked at again with their version
             return
         log.info(f"class.{action.value}", gpuclass=cls.name)
-
-
-class _Raced(Exception):
-    """Someone wrote the device first; the view has their version."""

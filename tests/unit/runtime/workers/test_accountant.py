@@ -67,6 +67,21 @@ def test_a_gpunode_made_meanwhile_is_adopted_not_made_again() -> None:
     assert kube.count("create") == 1
 
 
+def test_a_gpunode_status_that_loses_a_race_is_written_on_the_winners_version_at_once() -> None:
+    """Issue 35 item 3: a GPUNode's status write that lost is decided again on the winner's version in the same
+    look at the node (`Writer.update`), not put off to a retry a second later."""
+    accountant, view, kube = _accountant()
+    _serving(view, kube)
+    there = kube.put(kinds.GPU_NODE, {"apiVersion": API_VERSION, "kind": "GPUNode", "metadata": {"name": "n1"}})
+    view.apply(kinds.GPU_NODE, there)
+    labelled = {**there, "metadata": {**there["metadata"], "labels": {"team": "a"}}}
+    kube.before_next("replace_status", lambda: kube.change(kinds.GPU_NODE, labelled))
+    asyncio.run(accountant._sync("n1"))  # one look
+    api = _gpunode(kube)
+    assert _resources(api) == {A10: (8, 0)} and api is not None and api["metadata"]["labels"] == {"team": "a"}
+    assert kube.count("replace_status") == 2
+
+
 def test_a_gpunode_whose_node_serves_nothing_is_deleted_and_forgotten() -> None:
     """§1.3: nothing left to say (no node, no device on it): deleted under its uid, and the view forgets it at once."""
     accountant, view, kube = _accountant()

@@ -186,6 +186,19 @@ def test_a_status_write_that_loses_a_race_leaves_the_winner_and_looks_again() ->
     assert kube.count("replace_status") == 2
 
 
+def test_a_raced_write_is_decided_again_on_the_winners_version_within_the_same_pass() -> None:
+    """Issue 35 item 3: the collector's writes go through the one read-decide-write loop (`Writer.update`), so
+    a detach that lost is decided again on the winner's version at once, not left for a later pass."""
+    collector, _, view, kube = _collector()
+    stored = _seen(view, kube, _attached("d", "v", "u1"))
+    later = {**stored, "status": {**stored["status"], "phase": "Pending"}}
+    kube.before_next("replace_status", lambda: kube.change(kinds.GPU_DEVICE, later, status=True))
+    collector.touch_device(NS, "d")
+    asyncio.run(collector._drain())  # one pass
+    api = _api(kube, "d")
+    assert api is not None and not api["status"].get("attachedTo") and api["status"].get("phase") == "Pending"
+
+
 # -- §4, §6.5: requests and classes -----------------------------------------------------------
 
 
