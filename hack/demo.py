@@ -52,7 +52,8 @@ def device(name: str, count: int) -> dict[str, Any]:
 
 
 def vm_body(name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
-    """A VM as a tenant writes it: KubeVirt copies the template's label and annotation onto each VMI."""
+    """A VM as a tenant writes it: KubeVirt copies the template's label and annotation onto each VMI. Its eviction
+    strategy is External: off a node being drained, the operator restarts it elsewhere with its GPUs (§6.8)."""
     template = vmi_body(name, NS, refs)
     return {
         "apiVersion": "kubevirt.io/v1",
@@ -62,7 +63,7 @@ def vm_body(name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
             "runStrategy": "Always",
             "template": {
                 "metadata": {k: template["metadata"][k] for k in ("labels", "annotations")},
-                "spec": {**template["spec"], "terminationGracePeriodSeconds": 0},
+                "spec": {**template["spec"], "terminationGracePeriodSeconds": 0, "evictionStrategy": "External"},
             },
         },
     }
@@ -129,6 +130,39 @@ def vm_story(kube: Kube) -> None:
         return next((c["message"] for c in conditions if c["type"] == "Failure"), None)
 
     print("VM intruder, condition Failure:", wait_for("intruder refused", failure).split("denied the request: ")[-1])
+
+
+def drain_story(kube: Kube) -> None:
+    """Node maintenance (§6.8): the platform drains trainer's node; the VM runs again elsewhere with its GPUs."""
+    home = running_on(kube, "trainer")
+    assert home is not None
+    say(f"a third node joins, and the platform drains {home} as `kubectl drain` does: cordon, then evict each pod")
+    nodes.create_gpu_node(kube, "gpu-c", {A10: 4}, labels={"gpu": "a10"}, kubevirt=True)
+    kube.patch(kinds.NODE, home, {"spec": {"unschedulable": True}})
+    old = kube.get(kinds.VMI, "trainer", NS)["metadata"]["uid"]
+    said: list[str] = []
+
+    def drained() -> bool:
+        pods = [p for p in kube.list(kinds.POD, NS) if p["spec"].get("nodeName") == home]
+        for pod in pods:
+            answer = kube.evict(pod["metadata"]["name"], NS)
+            if answer not in ("evicted", "gone") and answer not in said:
+                said.append(answer)
+                print(f"eviction of {pod['metadata']['name']} refused for now: {answer.split(': ', 1)[-1]}")
+        return not pods
+
+    wait_for(f"{home} drained", drained, timeout=120)
+
+    def again() -> str | None:
+        vmi = kube.get_or_none(kinds.VMI, "trainer", NS)
+        return running_on(kube, "trainer") if vmi is not None and vmi["metadata"]["uid"] != old else None
+
+    node = wait_for("trainer running again", again, timeout=120)
+    print(f"{home} drained; VM trainer runs again on {node} with the same GPUDevices")
+    show_devices(kube)
+    for event in kube.list(kinds.kind("Event"), NS):
+        if event.get("reason") == "Moved" and "node maintenance" in event.get("message", ""):
+            print(f"Event Moved on {event['involvedObject']['name']}: {event['message']}")
 
 
 def vmi_story(kube: Kube) -> None:
@@ -216,25 +250,11 @@ def main() -> int:
 
             if with_kubevirt:
                 vm_story(kube)
+                drain_story(kube)
             else:
                 vmi_story(kube)
 
-            say("GPUNodes: what each node holds")
-            wait_for("accounting", lambda: len(kube.list(kinds.GPU_NODE)) == 2)
-            for gn in sorted(kube.list(kinds.GPU_NODE), key=lambda n: n["metadata"]["name"]):
-                print(f"{gn['metadata']['name']}: {gn.get('status', {}).get('summary')}")
-
-            say("the operator's decisions, as it logged them")
-            for event in operator.events("bind.answered"):
-                print(
-                    f"bind.answered {event['result']} node={event['node']} moved={event['moved']} "
-                    f"in {event['duration_ms']} ms"
-                )
-            for event in operator.events("vmi.admitted") + operator.events("vmi.refused"):
-                print(
-                    f"{event['event']} vmi={event['vmi']} {event.get('node') or event.get('reason')}"
-                    f" in {event['duration_ms']} ms"
-                )
+            accounting(kube, operator, 3 if with_kubevirt else 2)
             if os.environ.get("DEMO_KEEP") == "1":
                 keep(kubeconfig, operator.log_path, server)
         finally:
@@ -243,6 +263,25 @@ def main() -> int:
     second_look()
     print("done")
     return 0
+
+
+def accounting(kube: Kube, operator: OperatorProcess, gpunodes: int) -> None:
+    """What the platform reads: each node's GPUNode, and the operator's decisions as it logged them."""
+    say("GPUNodes: what each node holds")
+    wait_for("accounting", lambda: len(kube.list(kinds.GPU_NODE)) == gpunodes)
+    for gn in sorted(kube.list(kinds.GPU_NODE), key=lambda n: n["metadata"]["name"]):
+        print(f"{gn['metadata']['name']}: {gn.get('status', {}).get('summary')}")
+
+    say("the operator's decisions, as it logged them")
+    for event in operator.events("bind.answered"):
+        print(
+            f"bind.answered {event['result']} node={event['node']} moved={event['moved']} in {event['duration_ms']} ms"
+        )
+    for event in operator.events("vmi.admitted") + operator.events("vmi.refused"):
+        outcome = event.get("node") or event.get("reason")
+        print(f"{event['event']} vmi={event['vmi']} {outcome} in {event['duration_ms']} ms")
+    for event in operator.events("vmi.evacuated"):
+        print(f"vmi.evacuated vmi={event['vmi']} node={event['node']} to={event['to']}")
 
 
 def scraping(operator: OperatorProcess, kube: Kube) -> prometheus.Prometheus | None:

@@ -125,8 +125,8 @@ class Settings(BaseModel):
         default=2,
         ge=1,
         le=64,
-        description="Evacuations (§6.8) under way at once off one cordoned node: idle held devices moved to other "
-        "nodes (like KubeVirt's parallelOutboundMigrationsPerNode).",
+        description="Evacuations (§6.8) under way at once off one cordoned node: VMs restarting elsewhere and idle "
+        "held devices moved to other nodes (like KubeVirt's parallelOutboundMigrationsPerNode).",
     )
     evacuations: int = Field(
         default=5,
@@ -134,6 +134,12 @@ class Settings(BaseModel):
         le=256,
         description="Evacuations (§6.8) under way at once in the cluster (like KubeVirt's "
         "parallelMigrationsPerCluster).",
+    )
+    stop_bare_vmis: bool = Field(
+        default=False,
+        description="Whether a VMI no VirtualMachine controls is stopped (deleted) when KubeVirt marks it for "
+        "evacuation off a node being drained (§6.8); nothing starts it again. Otherwise it keeps running, blocking "
+        "the drain, with an Event and its node's GPUNode saying so.",
     )
     idle_move_after: float = Field(
         default=120,

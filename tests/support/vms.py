@@ -11,9 +11,12 @@ from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Body, Kube
 
 
-def vm_body(name: str, namespace: str, refs: list[dict[str, Any]], *, running: bool = True) -> Body:
-    """A VM whose template names GPU devices (§1.5); KubeVirt copies both onto every VMI it makes."""
-    return {
+def vm_body(
+    name: str, namespace: str, refs: list[dict[str, Any]], *, running: bool = True, eviction: str | None = None
+) -> Body:
+    """A VM whose template names GPU devices (§1.5); KubeVirt copies both onto every VMI it makes. `eviction`: the
+    template's evictionStrategy (External: the operator evacuates it off a node being drained, §6.8)."""
+    body: Body = {
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachine",
         "metadata": {"name": name, "namespace": namespace},
@@ -31,6 +34,9 @@ def vm_body(name: str, namespace: str, refs: list[dict[str, Any]], *, running: b
             },
         },
     }
+    if eviction is not None:
+        body["spec"]["template"]["spec"]["evictionStrategy"] = eviction
+    return body
 
 
 def held(name: str) -> dict[str, Any]:

@@ -8,7 +8,27 @@ whose VMI is gone, read fresh.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+EXTERNAL = "External"  # the eviction strategy that leaves a VMI's evacuation to an outside controller (§6.8)
+
+
+@dataclass(frozen=True)
+class KubeVirtConfig:
+    """What the view keeps of a KubeVirt CR: the permitted host devices' resource names (None: no table set,
+    §1.5), and the cluster-wide eviction strategy a VMI without its own follows (None: none, §6.8)."""
+
+    permitted: frozenset[str] | None = None
+    eviction_strategy: str | None = None
+
+
+def kubevirt_config(body: dict[str, Any]) -> KubeVirtConfig:
+    permitted = permitted_resources(body)
+    strategy = ((body.get("spec") or {}).get("configuration") or {}).get("evictionStrategy")
+    return KubeVirtConfig(
+        frozenset(permitted) if permitted is not None else None, strategy if isinstance(strategy, str) else None
+    )
 
 
 def permitted_resources(body: dict[str, Any]) -> set[str] | None:

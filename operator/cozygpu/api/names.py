@@ -47,8 +47,12 @@ FINALIZER_IN_USE = f"{GROUP}/in-use-protection"
 # Condition types (§1.3, §1.4, §5.5).
 CONDITION_LOST_CAPACITY = "LostCapacity"
 CONDITION_CLASS_CONFLICT = "ClassConflict"
+# A GPUNode's: VMs marked for evacuation off the node being drained, and those that cannot leave (§6.8).
+CONDITION_EVACUATION = "Evacuation"
 CONDITION_OVER_BUDGET = "OverBudget"
 CONDITION_PLACED = "Placed"
+# The Placed reason of a device held on the node its VM restarts on, off a node being drained (§6.8).
+REASON_EVACUATING = "Evacuating"
 # §6.6: a template device kept Bound for its VirtualMachine's next VMI; since when, in its lastTransitionTime.
 CONDITION_KEPT = "KeptForRestart"
 # §12.3: on a GPUClass, True once the no-bypass policy is seen guarding its resource; its devices take new units only

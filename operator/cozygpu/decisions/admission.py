@@ -169,7 +169,7 @@ def permitted_resources(cluster: Cluster) -> set[str] | None:
     """The KubeVirt permitted table; None when no KubeVirt CR sets one (the check is skipped).
 
     KubeVirt itself renders any host device while `permittedHostDevices` is unset."""
-    tables = [names for names in cluster.kubevirts.values() if names is not None]
+    tables = [kv.permitted for kv in cluster.kubevirts.values() if kv.permitted is not None]
     if not tables:
         return None
     return set().union(*tables)

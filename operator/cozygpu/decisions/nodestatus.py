@@ -19,7 +19,8 @@ from collections import defaultdict
 
 from cozygpu.api import Condition, ConditionStatus, GPUNodeStatus, NodeResource, UnmanagedPod
 from cozygpu.api.gpunode import MAX_UNMANAGED_PODS
-from cozygpu.api.names import CONDITION_CLASS_CONFLICT, CONDITION_LOST_CAPACITY
+from cozygpu.api.names import CONDITION_CLASS_CONFLICT, CONDITION_EVACUATION, CONDITION_LOST_CAPACITY
+from cozygpu.decisions import evacuation
 from cozygpu.decisions.capacity import conflicts, held, matching_classes
 from cozygpu.state.cluster import Cluster
 
@@ -62,8 +63,28 @@ def _crowded_message(crowded: list[NodeResource], pods: list[UnmanagedPod]) -> s
     return "; ".join(parts)
 
 
-def gpunode_status(cluster: Cluster, name: str, previous: list[Condition], now: dt.datetime) -> GPUNodeStatus | None:
-    """The status to write, or None when the node serves no class and no device names it."""
+def _evacuation(cluster: Cluster, name: str, stop_bare: bool, previous: list[Condition], now: dt.datetime) -> Condition:
+    """§6.8: True while VMs marked off the node are still to leave it, saying which wait, which restart on the node
+    reserved for them and which cannot leave (reason `Blocked`, with why), so a drain that waits says what for."""
+    ev = evacuation.of_node(cluster, name, stop_bare=stop_bare)
+    if ev is None:
+        return _condition(CONDITION_EVACUATION, False, reason="NoEvacuation", message="", previous=previous, now=now)
+    parts = [f"blocked: {vmi}: {why}" for vmi, why in ev.blocked[:MAX_NAMED_PODS]]
+    if len(ev.blocked) > MAX_NAMED_PODS:
+        parts.append(f"and {len(ev.blocked) - MAX_NAMED_PODS} more blocked")
+    if ev.waiting:
+        parts.append(f"{len(ev.waiting)} VMs to move: " + ", ".join(ev.waiting[:MAX_NAMED_PODS]))
+    if ev.restarting:
+        parts.append(f"{len(ev.restarting)} VMs restarting on the nodes reserved for them")
+    reason = "Blocked" if ev.blocked else "Evacuating"
+    return _condition(CONDITION_EVACUATION, True, reason=reason, message="; ".join(parts), previous=previous, now=now)
+
+
+def gpunode_status(
+    cluster: Cluster, name: str, previous: list[Condition], now: dt.datetime, *, stop_bare: bool = False
+) -> GPUNodeStatus | None:
+    """The status to write, or None when the node serves no class and no device names it. `stop_bare`: whether
+    the operator stops a VMI no VM controls to evacuate it (§6.8), as the binder's evacuator does."""
     node = cluster.capacity.nodes.get(name)
     devices = list(cluster.devices.on(name))
     bound = [d for d in devices if d.holds_gpus]
@@ -116,6 +137,7 @@ def gpunode_status(cluster: Cluster, name: str, previous: list[Condition], now: 
             previous=previous,
             now=now,
         ),
+        _evacuation(cluster, name, stop_bare, previous, now),
     ]
     return GPUNodeStatus(
         resources=resources,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 
 from cozygpu.api import BindResult, Condition, ConditionStatus, GPUDevice, Phase
-from cozygpu.api.names import CONDITION_PLACED
+from cozygpu.api.names import CONDITION_PLACED, REASON_EVACUATING
 
 
 def _placed(device: GPUDevice, ok: bool, reason: str, message: str, now: dt.datetime) -> list[Condition]:
@@ -41,6 +41,20 @@ def bound(device: GPUDevice, node: str, now: dt.datetime, request_id: str | None
         bind_request=request,
         message=None,
         conditions=_placed(device, True, "Bound", message, now),
+    )
+
+
+def reserved(device: GPUDevice, node: str, origin: str, now: dt.datetime) -> GPUDevice:
+    """Bound on `node` while its VM still runs on `origin`: the units there are held for the VM's restart (§6.8);
+    its next bind says Bound again."""
+    units = "unit" if device.spec.count == 1 else "units"
+    message = f"holds {device.spec.count} {units} on node {node}, where its VM starts again off node {origin}"
+    return _with_status(
+        device,
+        phase=Phase.BOUND,
+        node_name=node,
+        message=None,
+        conditions=_placed(device, True, REASON_EVACUATING, message, now),
     )
 
 

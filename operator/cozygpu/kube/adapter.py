@@ -227,6 +227,21 @@ class Kube:
             return False
         return True
 
+    def evict(self, name: str, namespace: str) -> str:
+        """Ask the Eviction API to evict the pod, as `kubectl drain` does (PodDisruptionBudgets and admission webhooks,
+        such as KubeVirt's for launchers, may refuse): "evicted", "gone" (no such pod), or the refusal's message when
+        it is refused for now (429: try again, as drain does)."""
+        eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        try:
+            self._call("POST", known.POD, name=name, namespace=namespace, subresource="eviction", body=eviction)
+        except NotFound:
+            return "gone"
+        except ApiError as e:
+            if e.status == 429:
+                return e.message
+            raise
+        return "evicted"
+
     def create_raw(self, kind: Kind, body: Body) -> requests.Response:
         """POST and hand back the response itself, for callers that read headers (warnings)."""
         kwargs: dict[str, Any] = {

@@ -27,7 +27,7 @@ COMPONENT = "cozy-gpu-operator"
 POSTERS = 2
 QUEUED = 10_000
 SHARE = QUEUED // 10  # the most Events of one namespace waiting at once
-WARNINGS = frozenset({"Lost", "Failed"})
+WARNINGS = frozenset({"Lost", "Failed", "EvacuationBlocked"})
 
 
 def device_ref(device: GPUDevice) -> dict[str, Any]:

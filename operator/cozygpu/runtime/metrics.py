@@ -59,9 +59,20 @@ class Metrics:
         )
         self.evacuations = Tally(
             "cozygpu_evacuations_total",
-            "Evacuations off cordoned nodes (§6.8), by what moved (device: an idle held device) and result (Moved, "
-            "Failed).",
+            "Evacuations off cordoned nodes (§6.8), by what moved (device: an idle held device; vm: a VM restarted"
+            " elsewhere) and result (Moved, Restarted, Stopped, Blocked, Failed).",
             ["what", "result"],
+            registry=self.registry,
+        )
+        self.evacuations_in_flight = Gauge(
+            "cozygpu_evacuations_in_flight",
+            "VM evacuations under way (§6.8): from their first write until the VMI they started with is gone.",
+            registry=self.registry,
+        )
+        self.evacuations_blocked = Gauge(
+            "cozygpu_evacuations_blocked",
+            "VMs marked for evacuation off a node being drained that cannot leave it now (§6.8: no node takes their"
+            " set, or no VM starts them again); each one's reason is on its node's GPUNode.",
             registry=self.registry,
         )
         self.refused_connections = Tally(

@@ -18,6 +18,7 @@ from typing import Any
 
 from cozygpu.api import GPUClass, GPUNode, kinds
 from cozygpu.api.kinds import VIEWED, Kind
+from cozygpu.api.kubevirt import KubeVirtConfig
 from cozygpu.state.budgets import BudgetIndex, BudgetReads
 from cozygpu.state.capacity import Capacity, CapacityReads
 from cozygpu.state.change import Assumption, Change, DeviceKey
@@ -45,8 +46,8 @@ class Cluster:
         self._budgets = BudgetIndex(tombstones)  # budgets with what each covers and the use under each (§7)
         self._gpunodes: Store[str, GPUNode] = Store(tombstones)
         self._namespaces: Store[str, dict[str, str]] = Store(tombstones)  # their labels
-        # KubeVirt CRs: the resource names each permits (§1.5); None: no table set.
-        self._kubevirts: Store[DeviceKey, set[str] | None] = Store(tombstones)
+        # KubeVirt CRs: the resource names each permits (§1.5) and the cluster's eviction strategy (§6.8).
+        self._kubevirts: Store[DeviceKey, KubeVirtConfig] = Store(tombstones)
         self._vmis = Vmis(self._devices.attached_to, tombstones)
         self._pods = PodUsage(tombstones)  # units pods hold per node: those the operator did not place (§1.3)
         self._unmanaged = Unmanaged(self._pods, self._capacity, self._classes.items, self._vmis.set_of)

@@ -18,11 +18,12 @@ from typing import Any
 
 from cozygpu.api import GPUBudget, GPUClass, GPUDevice, GPUNode, kinds
 from cozygpu.api.kinds import Kind
-from cozygpu.api.kubevirt import permitted_resources
+from cozygpu.api.kubevirt import kubevirt_config
 from cozygpu.state.change import Assumption, Change, DeviceKey
 from cozygpu.state.cluster import KINDS, Cluster
 from cozygpu.state.nodes import node_info
 from cozygpu.state.tombstones import version
+from cozygpu.state.vmis import Mark
 
 
 @dataclasses.dataclass
@@ -194,15 +195,24 @@ class Indexers:
             self._unmanaged.recount(node)
 
     def _upsert_vmi(self, touched: Touched, body: dict[str, Any]) -> None:
-        key = self._vmis.put(body)
-        if key is not None:
+        key = kinds.VMI.key_of(body)
+        before = self._vmis.mark_of(key)
+        if self._vmis.put(body) is not None:
             touched.stored = True
             self._launchers_moved(touched, key)
+            self._marks_moved(touched, before, self._vmis.mark_of(key))
 
     def _remove_vmi(self, touched: Touched, gone: tuple[DeviceKey, str | None]) -> None:
         key, removal = gone
+        before = self._vmis.mark_of(key)
         touched.stored = self._vmis.pop(key, removal)
         self._launchers_moved(touched, key)
+        self._marks_moved(touched, before, None)
+
+    def _marks_moved(self, touched: Touched, before: Mark | None, after: Mark | None) -> None:
+        """A VMI marked for evacuation off a node, or no longer: that node's GPUNode says so (§6.8)."""
+        if before != after:
+            touched.nodes |= {m.node for m in (before, after) if m is not None}
 
     def _launchers_moved(self, touched: Touched, key: DeviceKey) -> None:
         """Which set a launcher of the name is measured against follows the VMI of the name (`set_of`)."""
@@ -306,7 +316,7 @@ class Indexers:
         kubevirts = self._cluster._kubevirts
         if not kubevirts.news(key, meta.get("resourceVersion")):
             return
-        kubevirts.put(key, permitted_resources(body), meta.get("resourceVersion"))
+        kubevirts.put(key, kubevirt_config(body), meta.get("resourceVersion"))
         touched.stored = True
 
     def _remove_kubevirt(self, touched: Touched, gone: tuple[DeviceKey, str | None]) -> None:

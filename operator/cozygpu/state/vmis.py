@@ -8,6 +8,7 @@ through `VmiReads` (`Cluster.vmis`). Nothing else of a VMI is kept (§13.3).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cozygpu.api import GPUDevice, kinds, references
@@ -16,6 +17,16 @@ from cozygpu.state.store import Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT
 
 VmiKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass(frozen=True)
+class Mark:
+    """KubeVirt marked the VMI for evacuation off `node` (`status.evacuationNodeName`, §6.8): its own eviction
+    strategy (None: the cluster's), and the order the view saw marks in (`seq`: oldest first)."""
+
+    node: str
+    strategy: str | None
+    seq: int
 
 
 class Vmis:
@@ -32,6 +43,9 @@ class Vmis:
         self._read: dict[VmiKey, tuple[str, int]] = {}
         # The VirtualMachine that controls it (name, uid), if one does: its template devices outlive it (§6.6).
         self._vm: dict[VmiKey, tuple[str, str]] = {}
+        # Labelled VMIs (those with device references) KubeVirt marked for evacuation (§6.8): few, a drain's.
+        self._marked: dict[VmiKey, Mark] = {}
+        self._marks = 0
 
     @writes
     def put(self, body: dict[str, Any]) -> VmiKey | None:
@@ -55,12 +69,29 @@ class Vmis:
             self._vm.pop(key, None)
         else:
             self._vm[key] = vm
-        if old == uid and self._names.get(key) == names:
+        marked = self._mark(key, body, meta)
+        if old == uid and self._names.get(key) == names and not marked:
             return None
         self._all_uids.discard(old or "")
         self._all_uids.add(uid)
         self._names[key] = names
         return key
+
+    def _mark(self, key: VmiKey, body: dict[str, Any], meta: dict[str, Any]) -> bool:
+        """Keep the VMI's evacuation mark (§6.8) if it has device references; whether the mark changed."""
+        labels = meta.get("labels")
+        referencing = isinstance(labels, dict) and labels.get(LABEL_DEVICE_REFERENCE) == TRUE
+        node = (body.get("status") or {}).get("evacuationNodeName") if referencing else None
+        if not node or not isinstance(node, str):
+            return self._marked.pop(key, None) is not None
+        strategy = (body.get("spec") or {}).get("evictionStrategy")
+        strategy = strategy if isinstance(strategy, str) else None
+        held = self._marked.get(key)
+        if held is not None and (held.node, held.strategy) == (node, strategy):
+            return False
+        self._marks += 1
+        self._marked[key] = Mark(node, strategy, held.seq if held is not None else self._marks)
+        return True
 
     def _names_in(self, key: VmiKey, meta: dict[str, Any]) -> frozenset[str]:
         """The devices the VMI names, read from its annotation only when it is labelled (no other VMI went through
@@ -89,11 +120,19 @@ class Vmis:
         self._names.pop(key, None)
         self._read.pop(key, None)
         self._vm.pop(key, None)
+        self._marked.pop(key, None)
         return held
 
     def vm_of(self, namespace: str, vmi: str) -> tuple[str, str] | None:
         """The VirtualMachine (name, uid) that controls the VMI of this name the view has, if one does."""
         return self._vm.get((namespace, vmi))
+
+    def mark_of(self, key: VmiKey) -> Mark | None:
+        return self._marked.get(key)
+
+    def marked(self) -> list[tuple[VmiKey, Mark]]:
+        """The VMIs with device references marked for evacuation (§6.8), the first marked first."""
+        return sorted(self._marked.items(), key=lambda item: item[1].seq)
 
     def names_device(self, namespace: str, vmi: str, device: str) -> bool:
         """Whether the VMI of this name that the view has names the device among its references (§14.2)."""
@@ -128,6 +167,8 @@ class VmiReads(Mapping[VmiKey, str]):
         self.exists = part.exists
         self.set_of = part.set_of
         self.vm_of = part.vm_of
+        self.marked = part.marked
+        self.mark_of = part.mark_of
 
     def __getitem__(self, key: VmiKey) -> str:
         return self._uids[key]

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cozygpu.api import kinds
+from cozygpu.api.kubevirt import KubeVirtConfig
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import KINDS, Cluster
 from tests.support.views import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, pod, request
@@ -352,7 +353,7 @@ def test_removing_a_kubevirt_without_a_host_device_table_is_a_change() -> None:
     c = Cluster()
     kv = {"metadata": {"name": "kubevirt", "namespace": "kubevirt", "resourceVersion": "3"}, "spec": {}}
     assert View(c).apply(kinds.KUBEVIRT, kv).stored
-    assert c.kubevirts == {("kubevirt", "kubevirt"): None}
+    assert c.kubevirts == {("kubevirt", "kubevirt"): KubeVirtConfig()}
     gone = View(c).apply(kinds.KUBEVIRT, {"metadata": {**kv["metadata"], "resourceVersion": "4"}}, deleted=True)
     assert gone.stored and c.kubevirts == {}
 

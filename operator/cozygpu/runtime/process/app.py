@@ -76,7 +76,7 @@ class Operator:
         self.waiters = Waiters()
         self.reservations = Reservations(ttl=settings.webhook_timeout + 10)
         self.events = Recorder(self.kube)
-        self.accountant = Accountant(self.cluster, self.writer)
+        self.accountant = Accountant(self.cluster, self.writer, stop_bare=settings.stop_bare_vmis)
         # The operator's own namespace: its Lease, the no-bypass policy's parameter (§12.3).
         self.namespace = leadership.lease_namespace(settings)
         # An order a budget can refuse, from any replica's webhook or the leader's binder, is charged to it (§7.4, §10).
@@ -98,6 +98,7 @@ class Operator:
             idle_after=settings.idle_move_after,
             evacuations_per_node=settings.evacuations_per_node,
             evacuations=settings.evacuations,
+            stop_bare=settings.stop_bare_vmis,
         )
         self.collector = Collector(
             self.cluster,

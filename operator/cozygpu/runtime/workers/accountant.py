@@ -49,8 +49,10 @@ RECOUNT = dt.timedelta(seconds=1)
 
 
 class Accountant:
-    def __init__(self, cluster: Cluster, writer: Writer) -> None:
+    def __init__(self, cluster: Cluster, writer: Writer, *, stop_bare: bool = False) -> None:
+        """`stop_bare`: as the binder's evacuator decides it, for the GPUNode's evacuation (§6.8)."""
         self._cluster = cluster
+        self._stop_bare = stop_bare
         self._writer = writer
         self._wake = asyncio.Event()
         # Nodes whose write failed (the API did not answer) or lost every race: looked at again a second later.
@@ -184,7 +186,8 @@ class Accountant:
         async def decide(_: Body | None) -> Step | None:
             nonlocal verb
             existing = self._cluster.gpunodes.get(name)
-            status = gpunode_status(self._cluster, name, existing.status.conditions if existing else [], utcnow())
+            previous = existing.status.conditions if existing else []
+            status = gpunode_status(self._cluster, name, previous, utcnow(), stop_bare=self._stop_bare)
             if status is None:
                 if existing is None:
                     return None

@@ -30,7 +30,9 @@ from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.workers.binder import reports
 from cozygpu.runtime.workers.binder.confirmations import Bind, Confirmations
 from cozygpu.runtime.workers.binder.dispatcher import Dispatcher, Slot
+from cozygpu.runtime.workers.binder.evacuator import Evacuator
 from cozygpu.runtime.workers.binder.mover import Mover
+from cozygpu.runtime.workers.binder.pacing import Pacing
 from cozygpu.runtime.workers.binder.queue import WaitingRoom
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Change, Cluster
@@ -60,10 +62,12 @@ class Binder:
         idle_after: float = 0.0,
         evacuations_per_node: int = 2,
         evacuations: int = 5,
+        stop_bare: bool = False,
     ) -> None:
         """`charges`: where the binds that add use under a budget are charged across replicas (None: one replica);
         `idle_moves`, `idle_after`: how many idle devices one placement may move, idle how long (§5.7; 0: never);
-        `guarded`: the no-bypass policy is in force, so new units go only to devices of ready classes (§12.3)."""
+        `guarded`: the no-bypass policy is in force, so new units go only to devices of ready classes (§12.3);
+        `evacuations_per_node`, `evacuations`, `stop_bare`: how node maintenance goes (§6.8)."""
         self._cluster = cluster
         self._writer = writer
         self._incomplete_after = dt.timedelta(seconds=incomplete_after)
@@ -78,6 +82,7 @@ class Binder:
         # Writes in flight, bounded so decisions never run far ahead of the API, and to half the
         # client's pool: admissions, the accountant and the collector get the other half.
         self.dispatcher = Dispatcher(concurrency // 2)
+        pacing = Pacing(evacuations_per_node, evacuations)
         self.mover = Mover(
             cluster,
             writer,
@@ -88,8 +93,18 @@ class Binder:
             events=events,
             metrics=metrics,
             idle_after=idle_after,
-            evacuations_per_node=evacuations_per_node,
-            evacuations=evacuations,
+            pacing=pacing,
+        )
+        self.evacuator = Evacuator(
+            cluster,
+            writer,
+            self.queue,
+            self.dispatcher,
+            pacing,
+            clock=clock,
+            events=events,
+            metrics=metrics,
+            stop_bare=stop_bare,
         )
         self._confirmations = (
             Confirmations(cluster, writer, charges, reserved, self.queue) if charges is not None else None
@@ -104,9 +119,13 @@ class Binder:
 
     def changed(self, change: Change) -> None:
         """A change in the view, for the waiting room, with what the mover says of where room may be made; and for
-        the mover, whether idle devices may leave a cordoned node now (§6.8)."""
+        the mover and the evacuator, whether idle devices or VMs may leave a cordoned node now (§6.8)."""
+        if not self.queue.listening:
+            return  # a standby's binder: its first pass on taking the Lease decides everything (§10)
         self.queue.changed(change, self.mover.heard(change.reach))
         if (change.nodes or change.room) and self.mover.heard_nodes(change.nodes, change.room):
+            self.queue.poke()
+        if self.evacuator.heard(change):
             self.queue.poke()
 
     async def _breathe(self) -> None:
@@ -142,7 +161,9 @@ class Binder:
         await self._writer.recheck()
         self.queue.asked = False
         waiting = await self._answer_requests() or self._writer.doubtful
-        self.mover.evacuate()  # after the requests: an order's answer comes before a move off a cordoned node
+        # After the requests: an order's answer comes before a move off a cordoned node; VMs before idle devices.
+        self.evacuator.evacuate()
+        self.mover.evacuate()
         await self._mark_lost()
         await self._place_waiting()
         return waiting

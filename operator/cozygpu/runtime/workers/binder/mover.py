@@ -28,6 +28,7 @@ from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.workers.binder import reports
 from cozygpu.runtime.workers.binder.dispatcher import Dispatcher
+from cozygpu.runtime.workers.binder.pacing import Pacing
 from cozygpu.runtime.workers.binder.queue import WaitingRoom
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster, DeviceKey
@@ -48,13 +49,13 @@ class Mover:
         events: Recorder | None = None,
         metrics: Metrics | None = None,
         idle_after: float = 0.0,
-        evacuations_per_node: int = 2,
-        evacuations: int = 5,
+        pacing: Pacing | None = None,
     ) -> None:
         """`queue`: the binder's waiting room, told of room a move left on its old node and of the sets to decide
         again once their moves are written; `dispatcher`: runs the moves' writes (cancelled with the binder);
         `limit`: the most moves one decision makes (0: never move); `idle_after`: seconds a device is idle before
-        it may move for someone else."""
+        it may move for someone else; `pacing`: how many devices may leave cordoned nodes at once, shared with the
+        binder's VM evacuations (§6.8)."""
         self._cluster = cluster
         self._writer = writer
         self._queue = queue
@@ -70,9 +71,9 @@ class Mover:
         self._ripened: float | None = None
         self._plans = 0  # plans whose moves are being written, at most PLANS
         self.moved = 0  # devices moved since start, for the bench and tests
-        # §6.8: idle devices leaving cordoned nodes, paced: their writes under way, by device, with their old node.
-        self._per_node, self._evacuations = evacuations_per_node, evacuations
-        self._leaving: dict[DeviceKey, str] = {}
+        # §6.8: idle devices leaving cordoned nodes, paced: their writes under way, by device.
+        self._pacing = pacing if pacing is not None else Pacing(2, 5)
+        self._leaving: set[DeviceKey] = set()
         self._evacuation_due = True  # looked at on the first pass, then when something may let one more go
         self._stuck: set[str] = set()  # classes of devices that found no other node: room for them is worth a look
 
@@ -94,22 +95,15 @@ class Mover:
         if not self._cluster.capacity.cordoned():
             self._stuck = set()
             return
-        under_way: dict[str, int] = {}
-        for origin in self._leaving.values():
-            under_way[origin] = under_way.get(origin, 0) + 1
-        moves = leaving(
-            self._cluster,
-            self._idle_after,
-            lambda node: self._per_node - under_way.get(node, 0),
-            self._evacuations - len(self._leaving),
-        )
+        moves = leaving(self._cluster, self._idle_after, self._pacing.room, self._pacing.left())
         self._stuck = self._stuck_classes(moves)
         now = self._clock()
         for move in moves:
             new = transitions.bound(move.device, move.to, now)
             assumption = self._writer.assume(new)  # counted on both nodes until written (state.capacity)
             self._queue.gained(assumption.room)
-            self._leaving[move.device.key] = move.origin
+            self._leaving.add(move.device.key)
+            self._pacing.start(("device", *move.device.key), move.origin)
             self._dispatcher.spawn(self._write_leaving(move, new, assumption.token))
 
     def _stuck_classes(self, moves: Sequence[Move]) -> set[str]:
@@ -129,7 +123,8 @@ class Mover:
         except Exception as e:  # the API failed us: the view has the device as the API has it, tried again later
             written, error = False, e
         finally:
-            self._leaving.pop(move.device.key, None)
+            self._leaving.discard(move.device.key)
+            self._pacing.done(("device", *move.device.key))
             self._evacuation_due = True  # one fewer under way: the next may go
             self._queue.poke()
         if self._metrics is not None:

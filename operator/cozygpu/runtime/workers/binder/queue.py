@@ -41,6 +41,10 @@ class WaitingRoom:
         """Hear the view's changes from now on (the binder's `run` does, on the Lease holder)."""
         self._listening = True
 
+    @property
+    def listening(self) -> bool:
+        return self._listening
+
     def changed(self, change: Change, reach: frozenset[str]) -> None:
         """A change in the view: a device may be new in the waiting room or carry a request, a class may have
         gained room or serving nodes; only what it names is decided again, and a change that names none of
