@@ -24,11 +24,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.support.harness import OperatorProcess, wait_for
+
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import bodies, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
 
 RESOURCE = "example.com/bench-gpu"

@@ -57,12 +57,12 @@ from binder import (
     setup,
 )
 from neighbour import template_vmi
+from tests.support.harness import OperatorProcess, in_parallel
 
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, in_parallel
 from cozygpu.kube.adapter import AlreadyExists, ApiError, Body, Kube
 from cozygpu.ports import free_port
 

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import pykube
 import requests
+from tests.support.harness import OperatorProcess, in_parallel, wait_for
 
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, in_parallel, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
 from cozygpu.ports import free_port
 

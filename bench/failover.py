@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from scale import NAMESPACES, populate, rss_mib
+from tests.support.harness import OperatorProcess, wait_for
 
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.decisions.leadership import retry_period
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.devcluster.identity import NAMESPACE
 from cozygpu.runtime.process.leadership import LEASE
 

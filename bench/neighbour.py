@@ -21,11 +21,11 @@ import uuid
 from pathlib import Path
 
 from admission import fill, pct, row
+from tests.support.harness import OperatorProcess, wait_for
 
 from cozygpu.api import kinds
 from cozygpu.devcluster import bodies, identity
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 
 

@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 from typing import TypeVar
 
+from tests.support.harness import OperatorProcess, in_parallel, wait_for
+
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, in_parallel, wait_for
 from cozygpu.kube.adapter import Kube
 
 RESOURCE = "example.com/gpu"

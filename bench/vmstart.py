@@ -48,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' ha
 
 from tests.support import vms
 from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.kubevirt import Nodes, kubevirt_operator
 from tests.support.nodes import fresh_gpu
 
@@ -56,7 +57,6 @@ from cozygpu.api.kinds import Kind
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import binaries, identity
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
 from cozygpu.kube.watch import Watch
 

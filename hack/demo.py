@@ -24,12 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' harness: the operator in a process
+
+from tests.support.harness import OperatorProcess, wait_for
+
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import binaries, identity, nodes, prometheus
 from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 
 A10 = "nvidia.com/GA102GL_A10"

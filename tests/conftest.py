@@ -17,9 +17,9 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Body, Kube
 from tests.support.bodies import gpu_class_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.invariants import stale
 from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu, gpu_node_name, wait_until_accounted
 from tests.support.operators import start_admitting_operator, start_operator, unregister_webhooks

@@ -16,8 +16,8 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.invariants import assert_invariants
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.operators import start_admitting_operator, unregister_webhooks

@@ -15,10 +15,10 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_ADMITTED
-from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import ApiError, Forbidden, Kube
 from cozygpu.runtime.admission import policy, webhooks
 from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.harness import wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.operators import start_admitting_operator, unregister_webhooks
 from tests.support.tenants import Tenant

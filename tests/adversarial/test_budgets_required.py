@@ -15,9 +15,9 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import ApiError, Forbidden, Kube
 from tests.support.bodies import budget_body, gpu_device_body
+from tests.support.harness import OperatorProcess
 from tests.support.invariants import assert_invariants
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.objects import held

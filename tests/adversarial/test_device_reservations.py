@@ -22,9 +22,9 @@ import yaml
 
 from cozygpu.api import kinds
 from cozygpu.api.names import GROUP, VERSION
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support.bodies import budget_body, gpu_device_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.invariants import assert_invariants
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.objects import held

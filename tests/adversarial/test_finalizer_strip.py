@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
 from tests.support import vms
 from tests.support.bodies import gpu_device_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.invariants import assert_invariants
 from tests.support.kubevirt import KVNodeFactory
 from tests.support.nodes import Gpu

@@ -14,8 +14,8 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.devcluster.bodies import vmi_body
-from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
+from tests.support.harness import OperatorProcess
 from tests.support.invariants import assert_invariants
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.tenants import Tenant

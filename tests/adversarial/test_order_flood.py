@@ -20,10 +20,10 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.api.kinds import Kind
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from cozygpu.runtime.charges import RECORD_MOST
 from tests.support.bodies import budget_body, gpu_device_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.invariants import assert_invariants
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.seen import budget_seen

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import logged, wait_for
 from cozygpu.kube.adapter import Kube
 from tests.support.bodies import gpu_device_body
+from tests.support.harness import logged, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.operators import start_admitting_operator, unregister_webhooks
 from tests.support.tenants import Tenant

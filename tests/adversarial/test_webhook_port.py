@@ -21,10 +21,10 @@ from cozygpu.api import hooks, kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Body, Kube
 from cozygpu.runtime.admission import webhooks
 from tests.support.bodies import budget_body, gpu_device_body
+from tests.support.harness import OperatorProcess
 from tests.support.invariants import assert_invariants
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.objects import device_status, held

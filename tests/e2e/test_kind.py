@@ -17,8 +17,8 @@ import yaml
 
 from cozygpu.api import KINDS, crdgen, kinds
 from cozygpu.devcluster import binaries
-from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Kube
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.e2e
 

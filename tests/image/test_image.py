@@ -45,9 +45,9 @@ from cozygpu.api.names import DEV_NAMESPACE, DEV_WEBHOOK_CLIENT_CA
 from cozygpu.devcluster import binaries
 from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support.bodies import gpu_device_body
+from tests.support.harness import wait_for
 from tests.support.image import Container, build, config, write_volume
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.objects import device_status, held

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Kube
 from tests.support import faults
 from tests.support.bodies import gpu_device_body
+from tests.support.harness import wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.operators import start_operator
 

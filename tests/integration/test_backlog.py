@@ -16,9 +16,9 @@ import uuid
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess, logged, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support.bodies import gpu_class_body, gpu_device_body, vmi_body
+from tests.support.harness import OperatorProcess, logged, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory
 
 pytestmark = pytest.mark.integration

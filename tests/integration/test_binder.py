@@ -16,7 +16,9 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.devcluster import nodes
-from cozygpu.devcluster.harness import (
+from cozygpu.kube.adapter import Body, Kube
+from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.harness import (
     OperatorProcess,
     answer_of,
     logged,
@@ -24,8 +26,6 @@ from cozygpu.devcluster.harness import (
     wait_for,
     write_request,
 )
-from cozygpu.kube.adapter import Body, Kube
-from tests.support.bodies import gpu_class_body, gpu_device_body
 from tests.support.nodes import Gpu, GPUNodeFactory, wait_until_accounted
 from tests.support.operators import start_operator
 from tests.support.seen import budget_seen

@@ -30,11 +30,11 @@ from cryptography import x509
 from cozygpu import tls
 from cozygpu.api import kinds
 from cozygpu.devcluster import binaries, identity
-from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
 from cozygpu.ports import free_port
 from cozygpu.runtime.admission import policy, webhooks
 from cozygpu.settings import Settings
+from tests.support.harness import OperatorProcess
 
 pytestmark = pytest.mark.integration
 

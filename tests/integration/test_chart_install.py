@@ -26,12 +26,12 @@ import yaml
 from cozygpu.api import kinds
 from cozygpu.devcluster import binaries, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from cozygpu.runtime.admission import webhooks
 from cozygpu.settings import Settings
 from tests.support import faults
 from tests.support.bodies import gpu_class_body, gpu_device_body, unique, vmi_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.helm import CHART, NAMESPACE, RELEASE, Helm
 from tests.support.nodes import fresh_gpu
 from tests.support.release import host_address, start_pod

@@ -15,10 +15,10 @@ from typing import Any
 
 from cozygpu.api import kinds
 from cozygpu.api.names import CONDITION_READY
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
 from cozygpu.runtime.admission import policy
 from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.nodes import GPUNodeFactory, fresh_gpu
 
 FREEZE = "test-freezes-the-managed-resources"

@@ -9,8 +9,8 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import wait_for
 from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.harness import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.devcluster import nodes
-from cozygpu.devcluster.harness import OperatorProcess, logged, wait_for
 from cozygpu.kube.adapter import Kube
 from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.harness import OperatorProcess, logged, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu, wait_until_accounted
 from tests.support.operators import start_operator
 

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import (
+from cozygpu.kube.adapter import Kube
+from tests.support.bodies import unique
+from tests.support.harness import (
     OperatorProcess,
     answer_of,
     logged,
@@ -20,8 +22,6 @@ from cozygpu.devcluster.harness import (
     wait_for,
     write_request,
 )
-from cozygpu.kube.adapter import Kube
-from tests.support.bodies import unique
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.operators import start_operator
 

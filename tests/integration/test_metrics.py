@@ -7,9 +7,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory
 
 pytestmark = pytest.mark.integration

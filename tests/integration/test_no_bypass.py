@@ -12,11 +12,11 @@ from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_ADMITTED, LABEL_DEVICE_REFERENCE
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Forbidden, Kube
 from cozygpu.runtime.admission import policy, webhooks
 from tests.support import faults
 from tests.support.bodies import gpu_class_body, gpu_device_body, vmi_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu
 from tests.support.operators import start_admitting_operator, unregister_webhooks
 

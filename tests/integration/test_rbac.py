@@ -13,9 +13,9 @@ from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Forbidden, Kube
 from tests.support.bodies import gpu_device_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory
 
 pytestmark = pytest.mark.integration

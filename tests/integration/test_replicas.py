@@ -22,9 +22,9 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_TEMPLATE_DEVICE, gpu_entry_name, template_device_name
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support.bodies import budget_body, gpu_device_body, unique, vmi_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.invariants import admitting, violations
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.replicas import Replicas

@@ -10,9 +10,9 @@ import pytest
 import requests
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess, answer_of, logged, template_device, wait_for, write_request
 from cozygpu.kube.adapter import Kube
 from tests.support.bodies import gpu_class_body
+from tests.support.harness import OperatorProcess, answer_of, logged, template_device, wait_for, write_request
 from tests.support.nodes import Gpu, GPUNodeFactory
 
 pytestmark = pytest.mark.integration

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess, logged, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
 from tests.support.bodies import gpu_class_body, gpu_device_body
+from tests.support.harness import OperatorProcess, logged, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory, fresh_gpu
 from tests.support.operators import start_admitting_operator
 

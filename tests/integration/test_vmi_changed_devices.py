@@ -16,9 +16,9 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.api.names import LABEL_TEMPLATE_DEVICE
 from cozygpu.devcluster import nodes
-from cozygpu.devcluster.harness import OperatorProcess, logged, wait_for
 from cozygpu.kube.adapter import Kube
 from tests.support.bodies import gpu_class_body, gpu_device_body, unique, vmi_body
+from tests.support.harness import OperatorProcess, logged, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.objects import device_status as status
 from tests.support.objects import held

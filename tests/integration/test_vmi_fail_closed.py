@@ -18,10 +18,10 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster import identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Body, Kube
 from cozygpu.runtime.admission import webhooks
 from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.refusals import leftovers
 

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from cozygpu.api import kinds, references
 from cozygpu.api.names import ANNOTATION_DEVICES, API_VERSION
 from cozygpu.devcluster import nodes
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support.bodies import gpu_class_body, gpu_device_body, unique, vmi_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.objects import held
 from tests.support.refusals import leftovers, refused

@@ -18,9 +18,9 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.api.names import template_device_name
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.invariants import stale
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.operators import start_admitting_operator

@@ -14,10 +14,10 @@ import pytest
 import requests
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
 from cozygpu.runtime.admission import webhooks
 from tests.support.bodies import vmi_body
+from tests.support.harness import OperatorProcess
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.webhooks import RELABEL_LABEL, labelling_webhook
 

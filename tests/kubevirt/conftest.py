@@ -14,9 +14,9 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
 from tests.support.bodies import gpu_class_body
+from tests.support.harness import OperatorProcess
 from tests.support.kubevirt import Nodes, kubevirt_operator, kubevirt_plane
 from tests.support.nodes import Gpu, fresh_gpu
 

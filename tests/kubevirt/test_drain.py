@@ -9,37 +9,15 @@ from __future__ import annotations
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Body, Kube
 from tests.support import vms
 from tests.support.bodies import gpu_device_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.kubevirt import Nodes
 from tests.support.nodes import Gpu
 from tests.support.vms import bound
 
 DRAIN = 120.0  # seconds a drain may take here: a VM restart through KubeVirt's controllers and the fake kubelet
-
-
-def _pods_on(kv: Kube, node: str) -> list[Body]:
-    return [p for p in kv.list(kinds.POD) if p["spec"].get("nodeName") == node]
-
-
-def drain(kv: Kube, node: str, timeout: float = DRAIN) -> list[str]:
-    """What `kubectl drain` does: cordon the node, then ask the Eviction API for every pod on it, again every
-    moment while refused, until no pod is left. Returns the refusals seen (KubeVirt's, while the VM moves)."""
-    kv.patch(kinds.NODE, node, {"spec": {"unschedulable": True}})
-    refusals: list[str] = []
-
-    def empty() -> bool:
-        pods = _pods_on(kv, node)
-        for pod in pods:
-            said = kv.evict(pod["metadata"]["name"], pod["metadata"]["namespace"])
-            if said not in ("evicted", "gone"):
-                refusals.append(said)
-        return not pods
-
-    wait_for(f"node {node} drained", empty, timeout)
-    return refusals
 
 
 def _node_of(kv: Kube, ns: str, name: str) -> str | None:
@@ -79,7 +57,7 @@ def test_a_drained_nodes_gpu_vm_runs_again_elsewhere_with_its_gpus_and_a_waiting
     wait_for("the set reserved on B", lambda: {_node_of(kv, ns, n) for n in uids} == {away}, timeout=DRAIN)
     kv.create(kinds.GPU_DEVICE, gpu_device_body("late", ns, gpu.cls))
 
-    drain(kv, home)
+    vms.drain(kv, home, DRAIN)
     _, pod = vms.running(kv, ns, "vm", timeout=DRAIN, not_uid=vmi["metadata"]["uid"])
     assert pod["spec"]["nodeName"] == away
     assert {name: _uid(kv, ns, name) for name in uids} == uids  # the same GPUDevices, none made again
@@ -114,6 +92,50 @@ def test_with_no_node_for_its_set_a_vm_keeps_running_says_why_and_leaves_once_ro
     assert current is not None and current["metadata"]["uid"] == vmi["metadata"]["uid"]
 
     room = kv_nodes.add(2)
-    drain(kv, home)
+    vms.drain(kv, home, DRAIN)
     _, pod = vms.running(kv, ns, "vm", timeout=DRAIN, not_uid=vmi["metadata"]["uid"])
     assert pod["spec"]["nodeName"] == room and _node_of(kv, ns, "vm-gpu-0") == room
+
+
+def _marked_vm(kv: Kube, ns: str, gpu: Gpu, kv_nodes: Nodes) -> tuple[str, str, Body]:
+    """A VM with held `keep` and a template GPU running on node A, node B with room, A cordoned and the VM's
+    launcher refused eviction (the VMI marked). Returns A, B and the VMI."""
+    home = kv_nodes.add(2)
+    kv.create(kinds.GPU_DEVICE, gpu_device_body("keep", ns, gpu.cls))
+    assert bound(kv, ns, "keep") == home
+    kv.create(kinds.VM, vms.vm_body("vm", ns, [vms.held("keep"), vms.template(gpu.cls)], eviction="External"))
+    vmi, pod = vms.running(kv, ns, "vm")
+    away = kv_nodes.add(2)
+    kv.patch(kinds.NODE, home, {"spec": {"unschedulable": True}})
+    assert "evacuation" in kv.evict(pod["metadata"]["name"], ns)
+    return home, away, vmi
+
+
+@pytest.mark.timeout(300)
+def test_a_vm_deleted_mid_evacuation_lets_the_drain_complete_and_its_held_gpu_stays(
+    kv: Kube, kv_operator: OperatorProcess, ns: str, gpu: Gpu, kv_nodes: Nodes
+) -> None:
+    """The tenant deletes the VM while its evacuation is under way: nothing starts it again, its template device
+    goes (§6.6), its held device stays Bound (reserved or where it was), and the drain completes."""
+    home, _, _ = _marked_vm(kv, ns, gpu, kv_nodes)
+    kv.delete(kinds.VM, "vm", ns)
+    vms.drain(kv, home, DRAIN)
+    wait_for("the template device deleted", lambda: kv.get_or_none(kinds.GPU_DEVICE, "vm-gpu-1", ns) is None)
+    assert bound(kv, ns, "keep") is not None
+    assert vms.vmi(kv, ns, "vm") is None
+
+
+@pytest.mark.timeout(300)
+def test_a_vm_restarted_mid_evacuation_runs_on_the_other_node_with_its_gpus(
+    kv: Kube, kv_operator: OperatorProcess, ns: str, gpu: Gpu, kv_nodes: Nodes
+) -> None:
+    """The tenant restarts the VM (`virtctl restart`) while its evacuation is under way: the next VMI, unmarked,
+    gathers the set off the cordoned node, and the drain completes with the VM on B and the same GPUDevices."""
+    home, away, vmi = _marked_vm(kv, ns, gpu, kv_nodes)
+    uids = {name: _uid(kv, ns, name) for name in ("keep", "vm-gpu-1")}
+    requests = [{"action": "Stop", "uid": vmi["metadata"]["uid"]}, {"action": "Start"}]
+    kv.patch(kinds.VM, "vm", {"status": {"stateChangeRequests": requests}}, ns, subresource="status")
+    vms.drain(kv, home, DRAIN)
+    _, pod = vms.running(kv, ns, "vm", timeout=DRAIN, not_uid=vmi["metadata"]["uid"])
+    assert pod["spec"]["nodeName"] == away
+    assert {name: _uid(kv, ns, name) for name in uids} == uids

@@ -18,7 +18,7 @@ from cozygpu.devcluster import identity
 from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.kube.adapter import Kube
 from tests.support import vms
-from tests.support.bodies import gpu_class_body
+from tests.support.bodies import gpu_class_body, gpu_device_body
 from tests.support.kubevirt import Nodes, kubevirt_plane
 from tests.support.nodes import fresh_gpu
 from tests.support.replicas import Replicas
@@ -92,3 +92,38 @@ def test_a_vm_started_during_a_leader_kill_runs_once_the_successor_leads(
         f" start with a leader ({usual:.1f} s) is {limit:.1f} s"
     )
     print(f"failover with KubeVirt: running {took:.1f} s after the kill (term {LEASE:.0f} s, a start {usual:.1f} s)")
+
+
+def test_a_drain_whose_leader_is_killed_mid_evacuation_completes_under_the_successor(
+    plane: ControlPlane, replicas: Replicas
+) -> None:
+    """§6.8, §10: kill -9 of the Lease holder right after KubeVirt marked the VMI for evacuation. The successor,
+    deciding from its own view (the set reserved on the devices or not yet), takes the evacuation where it stood:
+    the drain completes and the VM runs on the other node with the same GPUDevices."""
+    kube = plane.kube()
+    gpu = fresh_gpu()
+    kube.create(kinds.GPU_CLASS, gpu_class_body(gpu.cls, gpu.resource))
+    namespace = f"drain-{gpu.cls}"
+    kube.create(kinds.NAMESPACE, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    for _ in range(2):
+        replicas.start()
+    leader = replicas.leader(kube)
+    nodes = Nodes(kube, gpu)
+    home = nodes.add(2)
+    replicas.serving(kube, namespace, gpu.cls)
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("keep", namespace, gpu.cls))
+    assert bound(kube, namespace, "keep") == home
+    kube.create(kinds.VM, vms.vm_body("vm", namespace, [vms.held("keep"), vms.template(gpu.cls)], eviction="External"))
+    vmi, pod = vms.running(kube, namespace, "vm", timeout=LEASE * 4)
+    uids = {n: kube.get(kinds.GPU_DEVICE, n, namespace)["metadata"]["uid"] for n in ("keep", "vm-gpu-1")}
+    away = nodes.add(2)
+
+    kube.patch(kinds.NODE, home, {"spec": {"unschedulable": True}})
+    assert "evacuation" in kube.evict(pod["metadata"]["name"], namespace)
+    replicas.kill(leader)
+    vms.drain(kube, home, timeout=LEASE * 8)
+    _, pod = vms.running(kube, namespace, "vm", timeout=LEASE * 4, not_uid=vmi["metadata"]["uid"])
+    assert replicas.leader(kube) is not leader
+    assert pod["spec"]["nodeName"] == away
+    assert {n: kube.get(kinds.GPU_DEVICE, n, namespace)["metadata"]["uid"] for n in uids} == uids
+    assert bound(kube, namespace, "keep") == bound(kube, namespace, "vm-gpu-1") == away

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.devcluster.kubevirt import LAUNCHER_IMAGE
 from cozygpu.kube.adapter import Body, Forbidden, Kube
 from tests.support import vms
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.kubevirt import Nodes
 from tests.support.nodes import Gpu
 

@@ -8,10 +8,10 @@ import os
 import pytest
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Body, Kube
 from tests.support import vms
 from tests.support.bodies import gpu_device_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.kubevirt import Nodes
 from tests.support.nodes import Gpu
 from tests.support.vms import bound

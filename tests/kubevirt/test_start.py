@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
 from tests.support import vms
 from tests.support.bodies import gpu_device_body
+from tests.support.harness import OperatorProcess
 from tests.support.kubevirt import Nodes
 from tests.support.nodes import Gpu
 from tests.support.vms import bound

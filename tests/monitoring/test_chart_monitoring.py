@@ -22,9 +22,9 @@ import yaml
 from cozygpu.api import kinds
 from cozygpu.devcluster import binaries, identity
 from cozygpu.devcluster import prometheus as server
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Kube
 from tests.support import monitoring
+from tests.support.harness import OperatorProcess, wait_for
 
 pytestmark = pytest.mark.integration
 

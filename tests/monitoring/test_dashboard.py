@@ -20,10 +20,10 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.devcluster import prometheus as server
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support import monitoring
 from tests.support.bodies import budget_body, gpu_device_body, vmi_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory
 
 pytestmark = [pytest.mark.integration, pytest.mark.skipif(server.binary() is None, reason=monitoring.NO_PROMETHEUS)]

@@ -22,10 +22,10 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support import faults
 from tests.support.bodies import gpu_device_body, vmi_body
+from tests.support.harness import wait_for
 from tests.support.invariants import admitting, settled
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.objects import update

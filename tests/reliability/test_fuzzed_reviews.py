@@ -22,10 +22,10 @@ from hypothesis import strategies as st
 
 from cozygpu.api import hooks, kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
-from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
 from cozygpu.runtime.admission import webhooks
 from tests.support.bodies import vmi_body
+from tests.support.harness import OperatorProcess
 from tests.support.soak import TALLY, runs
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""The operator in a child process, and the webhook's side of §4, for tests, demo and benchmarks.
+"""The operator in a child process, and the webhook's side of §4, for tests, demo and benchmarks; not shipped.
 
 `OperatorProcess` runs `cozygpu run` against a dev control plane, so a caller can
 stop it, kill it and start it again (restarts, §4). `write_request` writes a bind

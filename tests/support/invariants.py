@@ -16,8 +16,8 @@ from collections import defaultdict
 
 from cozygpu.api import kinds, references
 from cozygpu.api.names import gpu_entry_name, template_device_name
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.soak import Record
 from tests.support.tenants import Tenant
 

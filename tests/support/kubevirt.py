@@ -12,8 +12,8 @@ import pytest
 from cozygpu.api import kinds
 from cozygpu.devcluster import binaries, identity, nodes
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import Kube
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.nodes import Gpu
 
 

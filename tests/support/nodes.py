@@ -8,8 +8,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Body, Kube
+from tests.support.harness import wait_for
 from tests.support.operators import operator_running
 
 

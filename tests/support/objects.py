@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Body, Conflict, Kube
 from tests.support.bodies import gpu_device_body
+from tests.support.harness import wait_for
 
 
 def update(kube: Kube, kind: kinds.Kind, name: str, change: Any, namespace: str | None = None) -> Body:

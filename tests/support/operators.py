@@ -6,10 +6,10 @@ import uuid
 from pathlib import Path
 
 from cozygpu.api import kinds
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from cozygpu.runtime.admission import webhooks
 from tests.support.bodies import gpu_device_body
+from tests.support.harness import OperatorProcess, wait_for
 
 _RUNNING: list[OperatorProcess] = []
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from cozygpu.api import kinds
 from cozygpu.devcluster.controlplane import ControlPlane
-from cozygpu.devcluster.harness import OperatorProcess
 from cozygpu.kube.adapter import Kube
 from cozygpu.ports import free_port
+from tests.support.harness import OperatorProcess
 
 ENDPOINT_SLICE = kinds.Kind("discovery.k8s.io/v1", "EndpointSlice", "endpointslices", True)
 SIOCGIFADDR = 0x8915

@@ -22,12 +22,12 @@ from cozygpu import tls
 from cozygpu.api import kinds
 from cozygpu.api.names import gpu_entry_name
 from cozygpu.devcluster import identity
-from cozygpu.devcluster.harness import OperatorProcess, wait_for
 from cozygpu.kube.adapter import ApiError, Kube
 from cozygpu.ports import free_port
 from cozygpu.runtime.admission import policy, webhooks
 from cozygpu.settings import Settings
 from tests.support.bodies import unique, vmi_body
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.operators import start_operator, unregister_webhooks
 
 HOST = "127.0.0.1"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from cozygpu.api import kinds
 from cozygpu.api.names import CONDITION_OVER_BUDGET
-from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Body, Kube
+from tests.support.harness import wait_for
 
 
 def budget_seen(kube: Kube, namespace: str, name: str, timeout: float = 20.0) -> Body:

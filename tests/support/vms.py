@@ -7,8 +7,8 @@ from typing import Any
 
 from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE
-from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Body, Kube
+from tests.support.harness import wait_for
 
 
 def vm_body(
@@ -116,3 +116,21 @@ def pin_of(spec: Body) -> list[str]:
 
 def gpu_units(pod: Body, resource: str) -> int:
     return sum(int((c.get("resources", {}).get("limits") or {}).get(resource, 0)) for c in pod["spec"]["containers"])
+
+
+def drain(kube: Kube, node: str, timeout: float = 120.0) -> list[str]:
+    """What `kubectl drain` does: cordon the node, then ask the Eviction API for every pod on it, again every moment
+    while refused, until no pod is left. Returns the refusals seen (KubeVirt's, while a VM moves, §6.8)."""
+    kube.patch(kinds.NODE, node, {"spec": {"unschedulable": True}})
+    refusals: list[str] = []
+
+    def empty() -> bool:
+        pods = [p for p in kube.list(kinds.POD) if p["spec"].get("nodeName") == node]
+        for pod in pods:
+            said = kube.evict(pod["metadata"]["name"], pod["metadata"]["namespace"])
+            if said not in ("evicted", "gone"):
+                refusals.append(said)
+        return not pods
+
+    wait_for(f"node {node} drained", empty, timeout)
+    return refusals

@@ -22,8 +22,8 @@ from typing import Any
 
 from cozygpu import tls
 from cozygpu.api import hooks, kinds
-from cozygpu.devcluster.harness import wait_for
 from cozygpu.kube.adapter import Kube
+from tests.support.harness import wait_for
 
 DENY_LABEL = "test.cozy/deny"
 RELABEL_LABEL = "test.cozy/relabel"

@@ -78,13 +78,13 @@ class Evacuator:
                 del self._under_way[key]
                 self._pacing.done(("vmi", *key))  # the VMI it started with is gone: the next may go
                 self._due = True
+                self._gauge()
             if self._cluster.vmis.mark_of(key) is not None or key in self._blocked:
                 self._due = True
         elif change.kind is kinds.KUBEVIRT or (change.kind is kinds.NODE and change.nodes):
             self._due = True  # a node cordoned or uncordoned, out of service or back, a strategy changed
         elif self._blocked and (change.room & self._stuck or change.served):
             self._due = True
-        self._gauge()
         return self._due and not was
 
     def evacuate(self) -> None:
