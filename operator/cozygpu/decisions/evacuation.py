@@ -90,8 +90,9 @@ def reserved(device: GPUDevice) -> bool:
 def marked(cluster: Cluster, node: str | None = None) -> list[Evacuation]:
     """The VMIs to evacuate (off `node`, or every node), the first marked first: marked off a cordoned node,
     `External`, and holding a set the operator placed there or reserved off it. A VMI with another strategy is
-    KubeVirt's. A tenant can write its own VMI's status (KubeVirt keeps no status subresource for it), so a mark
-    counts only where the platform is draining: a cordoned node its set is on, or was reserved off."""
+    KubeVirt's. Only KubeVirt's service accounts get a VMI's status written (virt-api's mutator drops anyone
+    else's), and should that webhook be missing a mark still counts only where the platform is draining: a cordoned
+    node its set is on, or was reserved off."""
     out = []
     cordoned = cluster.capacity.cordoned()
     for (namespace, name), mark in cluster.vmis.marked():

@@ -192,8 +192,9 @@ def test_the_cluster_wide_strategy_of_the_kubevirt_cr_counts_for_a_vmi_without_i
 
 
 def test_a_tenants_own_mark_off_a_node_not_being_drained_moves_nothing() -> None:
-    """KubeVirt keeps no status subresource for VMIs: a tenant can write `evacuationNodeName` on its own VMI.
-    Off a node not cordoned, or naming a node its set is not on, the mark moves nothing and restarts nothing."""
+    """virt-api drops a tenant's writes of a VMI's status (tests/adversarial/test_evacuation_marks.py); should its
+    webhook be missing, a mark off a node not cordoned, or naming a node the set is not on, moves nothing and
+    restarts nothing."""
     binder, view, kube = _cloud({"n1": 8, "n2": 8, "n3": 8})
     _running(view, kube, _vmi("vm", marked="n1"), [("a", 2)])
     _running(view, kube, _vmi("vm2", on="n2", marked="n3"), [("b", 2)], on="n2")
