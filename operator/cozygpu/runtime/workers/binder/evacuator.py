@@ -8,7 +8,8 @@ once (assumed) and written in the background, then the VMI is deleted under its 
 one, whose admission finds the set waiting on the destination. A VM that cannot leave keeps running; its
 tenant gets an Event on each device of the set and the platform a log line, the GPUNode condition (the
 accountant's) and the blocked gauge, and it is looked at again when room for its classes appears, never on a
-timer. An evacuation is under way from its first write until the VMI object it started with is gone.
+timer. An evacuation is under way from its first write until the VMI object it started with is gone or its
+launcher pod no longer holds units, whichever comes first.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class Evacuator:
         self._metrics = metrics
         self._stop_bare = stop_bare
         self._under_way: dict[VmiKey, str] = {}  # the VMI objects (uid) whose evacuation is under way
+        self._deleted: dict[VmiKey, str] = {}  # the VMI objects (uid) deleted, while the view still has them
         self._blocked: dict[VmiKey, str] = {}  # why each blocked one is, as last told
         self._stuck: set[str] = set()  # classes of blocked sets: room for them is worth a look
         self._due = True
@@ -75,12 +77,17 @@ class Evacuator:
             key = change.key
             uid = self._under_way.get(key)
             if uid is not None and self._cluster.vmis.get(key) != uid:
-                del self._under_way[key]
-                self._pacing.done(("vmi", *key))  # the VMI it started with is gone: the next may go
-                self._due = True
-                self._gauge()
+                self._release(key)  # the VMI it started with is gone: the next may go
+            if key in self._deleted and self._cluster.vmis.get(key) != self._deleted[key]:
+                del self._deleted[key]
             if self._cluster.vmis.mark_of(key) is not None or key in self._blocked:
                 self._due = True
+        elif change.kind is kinds.POD and change.guests_gone:
+            # Its launcher no longer holds units: the node is rid of it, even if the VMI object lingers (a finalizer
+            # a tenant added to her VMI would otherwise hold a pacing slot, and every drain behind it, for good).
+            for key in change.guests_gone & self._under_way.keys():
+                if not self._cluster.pods.guest_running(key[0], self._under_way[key]):
+                    self._release(key)
         elif change.kind is kinds.KUBEVIRT or (change.kind is kinds.NODE and change.nodes):
             self._due = True  # a node cordoned or uncordoned, out of service or back, a strategy changed
         elif self._blocked and (change.room & self._stuck or change.served):
@@ -97,8 +104,8 @@ class Evacuator:
         for key in set(self._blocked) - {e.key for e in marked}:
             del self._blocked[key]  # unmarked, restarted or gone meanwhile
         for ev in marked:
-            if ev.key in self._under_way:
-                continue
+            if ev.key in self._under_way or self._deleted.get(ev.key) == ev.uid:
+                continue  # its writes are under way, or it is deleted already and lingers (a finalizer)
             step = evacuation.decide(self._cluster, ev, stop_bare=self._stop_bare)
             if isinstance(step, Blocked):
                 stuck |= {d.spec.class_name for d in ev.devices}
@@ -172,6 +179,7 @@ class Evacuator:
         if outcome.state is State.CONFLICT:  # another VMI of the name now: not the one marked
             self._finish(ev)
             return
+        self._deleted[ev.key] = ev.uid
         restart = isinstance(step, Restart)
         self.restarted += restart
         self._count("Restarted" if restart else "Stopped")
@@ -187,8 +195,8 @@ class Evacuator:
                 self._events.post(
                     device, "Released", f"node maintenance: VMI {ev.vmi} was stopped to leave node {ev.node} (§6.8)"
                 )
-        if self._cluster.vmis.get(ev.key) != ev.uid:
-            self._finish(ev)  # the view heard it go already
+        if self._cluster.vmis.get(ev.key) != ev.uid or not self._cluster.pods.guest_running(ev.namespace, ev.uid):
+            self._finish(ev)  # the view heard it go already, or its launcher end
 
     def _block(self, ev: Evacuation, reason: str) -> None:
         """Tell the tenant (an Event on each device of the set) and the platform (a log line, the metric) once per
@@ -205,6 +213,12 @@ class Evacuator:
                     "EvacuationBlocked",
                     f"node maintenance: VMI {ev.vmi} keeps running on node {ev.node}, which is being drained: {reason}",
                 )
+
+    def _release(self, key: VmiKey) -> None:
+        del self._under_way[key]
+        self._pacing.done(("vmi", *key))
+        self._due = True
+        self._gauge()
 
     def _finish(self, ev: Evacuation) -> None:
         if self._under_way.get(ev.key) == ev.uid:

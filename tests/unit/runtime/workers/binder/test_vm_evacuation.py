@@ -17,7 +17,7 @@ from cozygpu.decisions.nodestatus import gpunode_status
 from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.binder import Binder
 from tests.support.memkube import MemKube
-from tests.support.views import A10, EPOCH, device, gpu_class, node
+from tests.support.views import A10, EPOCH, device, gpu_class, node, pod
 from tests.support.workers import SHORT, recorder, run_until
 from tests.support.writing import seen_with_status as _seen
 from tests.support.writing import writer
@@ -79,6 +79,8 @@ def _running(view: View, kube: MemKube, vmi: Body, devices: list[tuple[str, int]
     attached = {"attachedTo": {"vmi": meta["name"], "uid": meta["uid"], "since": EPOCH.isoformat()}}
     for name, units in devices:
         _seen(view, kube, device(name, count=units, phase="Bound", node_name=on, status=dict(attached)))
+    units = sum(n for _, n in devices)
+    view.apply(kinds.POD, pod(f"launcher-{meta['name']}", {A10: units}, node=on, vmi=meta["name"], vmi_uid=meta["uid"]))
 
 
 def _cordon(view: View, name: str, units: int = 8) -> None:
@@ -253,3 +255,23 @@ def test_a_new_leader_restarts_a_vm_whose_set_was_reserved_without_moving_it_aga
     _cordon(view, "n1")
     assert asyncio.run(run_until(binder.run, lambda: _gone(kube, "vm")))
     assert kube.count("replace_status") == 0 and _where(kube, "a") == "n2"
+
+
+def test_a_vmi_that_lingers_after_its_delete_frees_its_place_once_its_launcher_ends() -> None:
+    """A tenant may add a finalizer of her own to her VMI, so it outlives the operator's delete: its evacuation is
+    under way only until its launcher stops holding units, so it cannot hold a pacing place, and every drain behind
+    it, for good."""
+    binder, view, kube = _cloud({"n1": 8, "n2": 8, "n3": 8}, per_node=1, most=1)
+    for name in ("v1", "v2"):
+        _running(view, kube, _vmi(name), [(f"{name}-gpu", 2)])
+    uid = view.cluster.vmis["t1", "v1"]
+    _cordon(view, "n1")
+
+    async def scenario() -> bool:
+        assert await run_until(binder.run, lambda: _gone(kube, "v1"))
+        await run_until(binder.run, lambda: False, within=SHORT)
+        assert not _gone(kube, "v2") and kube.count("delete") == 1  # v1's VMI lingers (its finalizer): v2 waits
+        view.apply(kinds.POD, pod("launcher-v1", {A10: 2}, node="n1", vmi="v1", vmi_uid=uid, phase="Succeeded"))
+        return await run_until(binder.run, lambda: _gone(kube, "v2"))
+
+    assert asyncio.run(scenario())
