@@ -116,6 +116,8 @@ bench: venv kubevirt
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/failover.py
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh | tail -n 1)" $(BIN)/python bench/rolling.py
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh kube-scheduler | tail -n 1)" $(BIN)/python bench/vmstart.py
+	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh kube-scheduler | tail -n 1)" \
+	  $(BIN)/python bench/vmstart.py --concurrency 100 --rate 10 --rounds 2
 	KUBEBUILDER_ASSETS="$$(bash hack/build-control-plane.sh kube-scheduler | tail -n 1)" $(BIN)/python bench/drain.py
 
 clean:
