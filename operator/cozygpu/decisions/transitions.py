@@ -27,28 +27,30 @@ def _with_status(device: GPUDevice, **changes: object) -> GPUDevice:
     return device.model_copy(update={"status": device.status.model_copy(update=changes)})
 
 
+def _holds(device: GPUDevice, node: str) -> str:
+    units = "unit" if device.spec.count == 1 else "units"
+    return f"holds {device.spec.count} {units} on node {node}"
+
+
 def bound(device: GPUDevice, node: str, now: dt.datetime, request_id: str | None = None) -> GPUDevice:
     """Bound on `node`; with a request id, that request answered Succeeded."""
     request = device.status.bind_request
     if request_id is not None and request is not None and request.id == request_id:
         request = request.model_copy(update={"result": BindResult.SUCCEEDED, "message": None})
-    units = "unit" if device.spec.count == 1 else "units"
-    message = f"holds {device.spec.count} {units} on node {node}"
     return _with_status(
         device,
         phase=Phase.BOUND,
         node_name=node,
         bind_request=request,
         message=None,
-        conditions=_placed(device, True, "Bound", message, now),
+        conditions=_placed(device, True, "Bound", _holds(device, node), now),
     )
 
 
 def reserved(device: GPUDevice, node: str, origin: str, now: dt.datetime) -> GPUDevice:
     """Bound on `node` while its VM still runs on `origin`: the units there are held for the VM's restart (§6.8);
     its next bind says Bound again."""
-    units = "unit" if device.spec.count == 1 else "units"
-    message = f"holds {device.spec.count} {units} on node {node}, where its VM starts again off node {origin}"
+    message = f"{_holds(device, node)}, where its VM starts again off node {origin}"
     return _with_status(
         device,
         phase=Phase.BOUND,

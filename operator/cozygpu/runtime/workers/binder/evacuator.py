@@ -18,20 +18,17 @@ import asyncio
 import datetime as dt
 from collections.abc import Callable
 
-import structlog
-
 from cozygpu.api import GPUDevice, kinds
 from cozygpu.decisions import evacuation, transitions
 from cozygpu.decisions.evacuation import Blocked, Evacuation, Reserve, Restart, Stop
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
+from cozygpu.runtime.workers.binder import reports
 from cozygpu.runtime.workers.binder.dispatcher import Dispatcher
 from cozygpu.runtime.workers.binder.pacing import Pacing
 from cozygpu.runtime.workers.binder.queue import WaitingRoom
 from cozygpu.runtime.writes import State, Writer
 from cozygpu.state.cluster import Change, Cluster
-
-log = structlog.get_logger("cozygpu.evacuator")
 
 VmiKey = tuple[str, str]
 
@@ -131,14 +128,7 @@ class Evacuator:
             assumption = self._writer.assume(new)  # counted on the destination at once (§13.1)
             tokens.append(assumption.token)
             self._queue.gained(assumption.room)
-        log.info(
-            "vmi.evacuating",
-            namespace=ev.namespace,
-            vmi=ev.vmi,
-            node=ev.node,
-            to=step.node,
-            devices=[d.name for d in step.devices],
-        )
+        reports.evacuating(ev, step)
         self._dispatcher.spawn(self._write_reserve(ev, step, news, tokens))
 
     async def _write_reserve(self, ev: Evacuation, step: Reserve, news: list[GPUDevice], tokens: list[int]) -> None:
@@ -152,19 +142,11 @@ class Evacuator:
         failed = [r for r in results if isinstance(r, BaseException) or not r.written]
         if failed:
             # Someone wrote one of them first (or the API failed us): decided again on the view as the API has it.
-            error = next((r for r in failed if isinstance(r, BaseException)), None)
-            log.info("vmi.evacuation_failed", namespace=ev.namespace, vmi=ev.vmi, node=ev.node, error=str(error or ""))
+            reports.evacuation_failed(ev, next((r for r in failed if isinstance(r, BaseException)), None))
             self._count("Failed")
             self._finish(ev)
             return
-        for device in step.devices:
-            if self._events is not None:
-                self._events.post(
-                    device,
-                    "Moved",
-                    f"node maintenance: moved from node {ev.node}, which is being drained, to {step.node}, where "
-                    f"VMI {ev.vmi} starts again (§6.8)",
-                )
+        reports.reserved(ev, step, self._events)
         await self._delete(ev, Restart(step.node))
 
     async def _delete(self, ev: Evacuation, step: Restart | Stop) -> None:
@@ -172,7 +154,7 @@ class Evacuator:
         try:
             outcome = await self._writer.delete(kinds.VMI, ev.vmi, ev.namespace, uid=ev.uid)
         except Exception as e:  # the API failed us: decided again on the next look
-            log.warning("vmi.evacuation_failed", namespace=ev.namespace, vmi=ev.vmi, node=ev.node, error=str(e))
+            reports.evacuation_failed(ev, e)
             self._count("Failed")
             self._finish(ev)
             return
@@ -183,18 +165,7 @@ class Evacuator:
         restart = isinstance(step, Restart)
         self.restarted += restart
         self._count("Restarted" if restart else "Stopped")
-        log.info(
-            "vmi.evacuated" if restart else "vmi.stopped",
-            namespace=ev.namespace,
-            vmi=ev.vmi,
-            node=ev.node,
-            **({"to": step.node} if isinstance(step, Restart) else {}),
-        )
-        if not restart and self._events is not None:
-            for device in ev.devices:
-                self._events.post(
-                    device, "Released", f"node maintenance: VMI {ev.vmi} was stopped to leave node {ev.node} (§6.8)"
-                )
+        reports.evacuated(ev, step, self._events)
         if self._cluster.vmis.get(ev.key) != ev.uid or not self._cluster.pods.guest_running(ev.namespace, ev.uid):
             self._finish(ev)  # the view heard it go already, or its launcher end
 
@@ -204,15 +175,8 @@ class Evacuator:
         if self._blocked.get(ev.key) == reason:
             return
         self._blocked[ev.key] = reason
-        log.info("vmi.evacuation_blocked", namespace=ev.namespace, vmi=ev.vmi, node=ev.node, reason=reason)
         self._count("Blocked")
-        if self._events is not None:
-            for device in ev.devices:
-                self._events.post(
-                    device,
-                    "EvacuationBlocked",
-                    f"node maintenance: VMI {ev.vmi} keeps running on node {ev.node}, which is being drained: {reason}",
-                )
+        reports.evacuation_blocked(ev, reason, self._events)
 
     def _release(self, key: VmiKey) -> None:
         del self._under_way[key]

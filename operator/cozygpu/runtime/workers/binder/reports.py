@@ -1,7 +1,8 @@
 """What the binder's decisions tell (§10): Events on devices, the bind histogram, and their log lines.
 
-Called by the binder's loop (runtime.workers.binder) once an answer is written, and by its mover
-(runtime.workers.binder.mover) once an idle move is. Events go to the tenant who owns the device and name
+Called by the binder's loop (runtime.workers.binder) once an answer is written, by its mover
+(runtime.workers.binder.mover) once an idle move is, and by its evacuator (runtime.workers.binder.evacuator) at
+each step of a VM's evacuation (§6.8). Events go to the tenant who owns the device and name
 no other tenant's objects (§14); the log, which only the platform team reads, says everything.
 """
 
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 import structlog
 
 from cozygpu.api import GPUDevice
+from cozygpu.decisions.evacuation import Evacuation, Reserve, Restart, Stop
 from cozygpu.decisions.idlemoves import Move
 from cozygpu.decisions.placement import NoPlacement, Placement
 from cozygpu.decisions.requests import Answer
@@ -108,3 +110,57 @@ def move_failed(move: Move, error: BaseException | None) -> None:
         to=move.to,
         error=str(error) if error is not None else "someone wrote first",
     )
+
+
+# -- node maintenance (§6.8) ----------------------------------------------------------------
+
+
+def evacuating(ev: Evacuation, step: Reserve) -> None:
+    """The set's moves to the node reserved for the VM's restart are decided (written next)."""
+    devices = [d.name for d in step.devices]
+    log.info("vmi.evacuating", namespace=ev.namespace, vmi=ev.vmi, node=ev.node, to=step.node, devices=devices)
+
+
+def reserved(ev: Evacuation, step: Reserve, events: Recorder | None) -> None:
+    """The moves are written: each moved device's tenant hears where its VM starts again."""
+    message = (
+        f"node maintenance: moved from node {ev.node}, which is being drained, to {step.node}, where VMI {ev.vmi} "
+        "starts again (§6.8)"
+    )
+    for device in step.devices:
+        if events is not None:
+            events.post(device, "Moved", message)
+
+
+def evacuated(ev: Evacuation, step: Restart | Stop, events: Recorder | None) -> None:
+    """The VMI is deleted: its VM starts the next on the reserved node (Restart), or nothing does (Stop)."""
+    if isinstance(step, Restart):
+        log.info("vmi.evacuated", namespace=ev.namespace, vmi=ev.vmi, node=ev.node, to=step.node)
+        return
+    log.info("vmi.stopped", namespace=ev.namespace, vmi=ev.vmi, node=ev.node)
+    for device in ev.devices:
+        if events is not None:
+            events.post(
+                device, "Released", f"node maintenance: VMI {ev.vmi} was stopped to leave node {ev.node} (§6.8)"
+            )
+
+
+def evacuation_failed(ev: Evacuation, error: BaseException | None) -> None:
+    log.info(
+        "vmi.evacuation_failed",
+        namespace=ev.namespace,
+        vmi=ev.vmi,
+        node=ev.node,
+        error=str(error) if error is not None else "someone wrote first",
+    )
+
+
+def evacuation_blocked(ev: Evacuation, reason: str, events: Recorder | None) -> None:
+    """The VM keeps running on the node being drained: the tenant hears why on each device, the platform in the log."""
+    log.info("vmi.evacuation_blocked", namespace=ev.namespace, vmi=ev.vmi, node=ev.node, reason=reason)
+    for device in ev.devices:
+        if events is not None:
+            message = (
+                f"node maintenance: VMI {ev.vmi} keeps running on node {ev.node}, which is being drained: {reason}"
+            )
+            events.post(device, "EvacuationBlocked", message)
