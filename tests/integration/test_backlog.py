@@ -15,7 +15,7 @@ import uuid
 
 import pytest
 
-from cozygpu.api import kinds
+from cozygpu.api import GPUClass, kinds
 from cozygpu.kube.adapter import ApiError, Kube
 from tests.support.bodies import gpu_class_body, gpu_device_body, vmi_body
 from tests.support.harness import OperatorProcess, logged, wait_for
@@ -58,6 +58,8 @@ def test_a_vmi_is_admitted_while_another_tenants_unplaceable_backlog_churns(
     gpu_node({gpu.resource: 8}, name=f"backlog-{gpu.cls}")
     nowhere = f"nowhere-{gpu.cls}"
     kube.create(kinds.GPU_CLASS, gpu_class_body(nowhere, gpu.resource, nodeSelector={"pool": "none"}))
+    # Ready first (§12.3): until then its devices wait for that, and say so, not for a node.
+    wait_for(f"GPUClass {nowhere} ready", lambda: GPUClass.from_wire(kube.get(kinds.GPU_CLASS, nowhere)).ready())
     a, b = namespace_of(kube, "tenant-a"), namespace_of(kube, "tenant-b")
     try:
         for i in range(BACKLOG):
