@@ -10,12 +10,12 @@ and every namespace. A namespace's event costs the budgets that have a namespace
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from cozygpu.api import GPUBudget
 from cozygpu.api.selectors import selector_matches
 from cozygpu.state.counts import add as _add
-from cozygpu.state.store import Store, writes
+from cozygpu.state.store import ReadOnly, Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT
 
 BudgetKey = tuple[str, str]  # (namespace, name)
@@ -135,26 +135,18 @@ class BudgetIndex:
         self._selecting.discard(key)
 
 
-class BudgetReads(Mapping[BudgetKey, GPUBudget]):
+class BudgetReads(ReadOnly[BudgetKey, GPUBudget]):
     """The budgets part as workers and decisions read it (`Cluster.budgets`): every budget by key, which cover a
     namespace (§1.4) by its labels, and the units in use under each (§7.2)."""
 
     def __init__(
         self, part: BudgetIndex, namespaces: Mapping[str, object], labels: Callable[[str], Mapping[str, str]]
     ) -> None:
+        super().__init__(part.budgets)
         self._part = part
         self._namespaces = namespaces  # the namespaces the view has
         self._labels = labels  # a namespace's labels, with its name's
         self.use_in = part.use_in
-
-    def __getitem__(self, key: BudgetKey) -> GPUBudget:
-        return self._part.budgets[key]
-
-    def __iter__(self) -> Iterator[BudgetKey]:
-        return iter(self._part.budgets)
-
-    def __len__(self) -> int:
-        return len(self._part.budgets)
 
     def covering(self, namespace: str) -> list[GPUBudget]:
         """Budgets whose limits apply to orders in the namespace (§1.4), by (namespace, name)."""

@@ -15,13 +15,13 @@ import bisect
 import datetime as dt
 import heapq
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 from cozygpu.api import ConditionStatus, GPUDevice, Phase
 from cozygpu.api.names import CONDITION_PLACED
 from cozygpu.state.counts import add as add_count
-from cozygpu.state.store import Store, writes
+from cozygpu.state.store import ReadOnly, Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT, Tombstones, version
 
 DeviceKey = tuple[str, str]  # (namespace, name)
@@ -290,12 +290,12 @@ def _began_waiting(device: GPUDevice) -> dt.datetime | None:
     return device.metadata.creation_timestamp
 
 
-class DeviceReads(Mapping[DeviceKey, GPUDevice]):
+class DeviceReads(ReadOnly[DeviceKey, GPUDevice]):
     """The devices part as workers and decisions read it (`Cluster.devices`): every device by key, the indexes
     and the waiting room, none of the writes."""
 
     def __init__(self, part: Devices) -> None:
-        self._items = part.store.items
+        super().__init__(part.store.items)
         self.removed = part.removed
         self.arrival = part.arrival
         self.turn = part.turn
@@ -314,12 +314,3 @@ class DeviceReads(Mapping[DeviceKey, GPUDevice]):
         self.heads_waiting = part.heads_waiting
         self.next_waiting = part.next_waiting
         self.waiting_since = part.waiting_since
-
-    def __getitem__(self, key: DeviceKey) -> GPUDevice:
-        return self._items[key]
-
-    def __iter__(self) -> Iterator[DeviceKey]:
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)

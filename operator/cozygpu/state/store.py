@@ -27,6 +27,23 @@ def writes(method: F) -> F:
     return method
 
 
+class ReadOnly(Mapping[K, V]):
+    """A part's read side that is also its objects by key (`Cluster.devices`, `.budgets`, `.vmis`): a read-only
+    mapping over the part's store, with the part's reads beside it."""
+
+    def __init__(self, items: Mapping[K, V]) -> None:
+        self._items = items
+
+    def __getitem__(self, key: K) -> V:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 class Versioned(Protocol):
     """What a resync needs of a kind's store: the version held per key, and what a list lacks."""
 

@@ -7,13 +7,13 @@ through `VmiReads` (`Cluster.vmis`). Nothing else of a VMI is kept (§13.3).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cozygpu.api import GPUDevice, kinds, references
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, TRUE
-from cozygpu.state.store import Store, writes
+from cozygpu.state.store import ReadOnly, Store, writes
 from cozygpu.state.tombstones import DEFAULT_LIMIT
 
 VmiKey = tuple[str, str]  # (namespace, name)
@@ -157,24 +157,15 @@ class Vmis:
         return out
 
 
-class VmiReads(Mapping[VmiKey, str]):
+class VmiReads(ReadOnly[VmiKey, str]):
     """The VMIs part as workers and decisions read it (`Cluster.vmis`): the uid of the VMI of each name, the
     devices it names, its VM and its set (§6, §14.2)."""
 
     def __init__(self, part: Vmis) -> None:
-        self._uids = part.uids
+        super().__init__(part.uids)
         self.names_device = part.names_device
         self.exists = part.exists
         self.set_of = part.set_of
         self.vm_of = part.vm_of
         self.marked = part.marked
         self.mark_of = part.mark_of
-
-    def __getitem__(self, key: VmiKey) -> str:
-        return self._uids[key]
-
-    def __iter__(self) -> Iterator[VmiKey]:
-        return iter(self._uids)
-
-    def __len__(self) -> int:
-        return len(self._uids)
