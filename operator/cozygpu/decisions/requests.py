@@ -85,6 +85,37 @@ def assess(
         return Wait(f"GPUDevice {name} does not carry the request yet")
 
     devices = tuple(by_name[n] for n in request.devices)
+    return judge(
+        cluster,
+        request,
+        namespace,
+        devices,
+        now=now,
+        incomplete_after=incomplete_after,
+        prior=prior,
+        budgets_required=budgets_required,
+        guarded=guarded,
+    )
+
+
+def judge(
+    cluster: Cluster,
+    request: BindRequest,
+    namespace: str,
+    devices: tuple[GPUDevice, ...],
+    *,
+    now: dt.datetime,
+    incomplete_after: dt.timedelta,
+    prior: Sequence[Order] = (),
+    budgets_required: bool = False,
+    guarded: bool = False,
+) -> Wait | Answer:
+    """The answer to a request every device of which carries it (`devices`, in the request's order): also for a
+    set whose request is not written yet, when the binder answers it in the request's own write (§4, §13.4)."""
+
+    def fail(message: str) -> Answer:
+        return Answer(request, namespace, devices, NoPlacement(message))
+
     for d in devices:
         if d.deleting:
             return fail(f"GPUDevice {d.name} is being deleted")

@@ -6,7 +6,11 @@ from the API through the writer, into the view; the rest comes from the view. Th
 pure call (`decisions.plans.plan`), the binder's answer one verdict (`decisions.attach.verdict`),
 what the set puts on the VMI an output (`decisions.outputs`), and every read-decide-write goes
 through `Writer.update`. A refusal after any write undoes exactly what this call wrote before it
-answers; what it cannot undo, the garbage collector clears (§6).
+answers; what it cannot undo, the garbage collector clears (§6). Where this replica's binder decides, the
+request and its answer are one write per device (`answer`, §13.4).
+
+Why one module: the undo takes back exactly what the bind wrote, from the one record of it (`_Writes`);
+apart, each would need the other's every step.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ParamSpec
 
@@ -41,6 +45,9 @@ log = structlog.get_logger("cozygpu.webhook")
 
 P = ParamSpec("P")
 Body = dict[str, Any]
+# The Lease holder's binder answering a set in its request's own write (runtime.workers.binder.Binder.answer_at_once):
+# the devices it landed on, or None when it leaves the request to the protocol.
+AnswerAtOnce = Callable[[str, Sequence[GPUDevice], BindRequest], Awaitable[list[str] | None]]
 UNDO_TIMEOUT = 5.0  # seconds an undo may take before the refusal is answered; the collector has the rest
 
 
@@ -70,9 +77,12 @@ class VMIAdmission:
         calls_in_flight: int = 4,
         turns: Turns | None = None,
         output: Output = DEVICE_PLUGIN,
+        answer: AnswerAtOnce | None = None,
     ) -> None:
-        """`output`: what the admitted set becomes on the VMI (decisions.outputs; the device plugin's entries)."""
+        """`output`: what the admitted set becomes on the VMI (decisions.outputs; the device plugin's entries);
+        `answer`: this process's binder, which answers a set in its request's write while it holds the Lease."""
         self._cluster = cluster
+        self._answer = answer
         self._output = output
         self._waiters = waiters
         self._reservations = reservations
@@ -216,10 +226,11 @@ class VMIAdmission:
                 id=str(uuid.uuid4()), vmi=vmi, devices=[m.device.name for m in members], requested_at=utcnow()
             )
             writes.request_id = request.id
-            # One status write per device, all at once: the binder answers once every one carries the id.
-            await gather_bounded(
-                (self._request(m.device, vmi, request, writes) for m in members), self._calls_in_flight
-            )
+            if not await self._answered_at_once(namespace, vmi, members, request, writes):
+                # One status write per device, all at once: the binder answers once every one carries the id.
+                await gather_bounded(
+                    (self._request(m.device, vmi, request, writes) for m in members), self._calls_in_flight
+                )
             match await self._wait(namespace, request):
                 case attach.Bound(node):
                     log.info("vmi.bound", request_id=request.id, node=node, devices=request.devices)
@@ -277,6 +288,35 @@ class VMIAdmission:
         writes.requested.append(device.name)
         if attaching:
             writes.attached.append(device.name)
+
+    async def _answered_at_once(
+        self, namespace: str, vmi: str, members: list[Member], request: BindRequest, writes: _Writes
+    ) -> bool:
+        """§4 in one write per device where this replica's binder decides (§13.4): the request built on the
+        versions this call read or created, answered by the binder in the same write. False, with nothing
+        written, when the binder leaves it to the protocol (then the request is written and answered as ever);
+        a refusal when the answer landed on part of the set only (its undo takes that back)."""
+        if self._answer is None:
+            return False
+        steps: list[attach.Attach] = []
+        for m in members:
+            if attach.refusal(m.device, m.device.name, vmi) is not None:
+                return False  # refused by the protocol's own write, which reads it fresh
+            earlier = attach.earlier_vmi(m.device)
+            gone = earlier is not None and not await self._vmi_exists(namespace, vmi, earlier)
+            steps.append(attach.requested(m.device, vmi, request, utcnow(), earlier_gone=gone))
+        written = await self._answer(namespace, [step.device for step in steps], request)
+        if not written:
+            return False  # nothing landed (another writer first): the protocol's writes decide on a fresh read
+        for step in steps:
+            if step.device.name in written:
+                writes.requested.append(step.device.name)
+                if step.attaching:
+                    writes.attached.append(step.device.name)
+        if len(written) != len(steps):
+            changed = ", ".join(s.device.name for s in steps if s.device.name not in written)
+            raise Refusal(f"GPUDevice {changed} changed while being attached; KubeVirt retries the start")
+        return True
 
     def _write(self, namespace: str, call: Callable[P, Awaitable[Outcome]], *args: P.args, **kwargs: P.kwargs) -> Step:
         """A write of this admission, made in the namespace's turn (issue 34 item 6)."""

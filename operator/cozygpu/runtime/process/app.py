@@ -124,6 +124,7 @@ class Operator:
             # Admissions take their API calls in turns by namespace, leaving a quarter of the pool to the workers.
             turns=Turns(max(1, connections * 3 // 4)),
             output=output,
+            answer=self.binder.answer_at_once if settings.binder else None,
         )
         self.validation = Validation(
             self.cluster,

@@ -4,7 +4,11 @@ room, one decision at a time from the view.
 Each pass takes its work from the waiting room (runtime.workers.binder.queue), decides, counts each decision in
 the view at once (`Writer.assume`) and hands its write to a slot of the dispatcher
 (runtime.workers.binder.dispatcher), so the next decision is made on a view that has this one while the write is
-under way. Called by the Operator (`run`, on the Lease holder) and tests (`step`).
+under way. Called by the Operator (`run`, on the Lease holder), this process's VMI webhook (`answer_at_once`,
+a request answered in its own write) and tests (`step`).
+
+Why one module: requests, the waiting room's devices and the Lost marks are decided in one order on one view,
+each under a slot of the same dispatcher; the order is the pass, and the pass is this loop.
 """
 
 from __future__ import annotations
@@ -13,16 +17,17 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 import structlog
 
-from cozygpu.api import GPUDevice, kinds
+from cozygpu.api import BindRequest, GPUDevice, kinds
 from cozygpu.api.meta import now as utcnow
 from cozygpu.decisions import transitions
 from cozygpu.decisions.orders import Order
 from cozygpu.decisions.placement import Placement, place
-from cozygpu.decisions.requests import Answer, Assessment, Wait, assess
+from cozygpu.decisions.requests import Answer, Assessment, Wait, assess, judge
 from cozygpu.decisions.waiting import fits_now, lost, overtakes, to_decide
 from cozygpu.runtime.charges import Charges
 from cozygpu.runtime.events import Recorder
@@ -209,10 +214,51 @@ class Binder:
                 return d.status.bind_request.requested_at
         return self._clock()
 
-    def _answer(self, answer: Answer, slot: Slot) -> None:
+    async def answer_at_once(
+        self, namespace: str, requested: Sequence[GPUDevice], request: BindRequest
+    ) -> list[str] | None:
+        """§4 in one write per device (§13.4): the set as the webhook of this replica would write its request
+        (`requested`, built on the versions it read), answered with that request, when this binder decides (the
+        Lease holder's) and can place the set now. Returns the devices whose write landed; None, with nothing
+        written, when the binder leaves it to the protocol: not deciding here, a version of a device the view has
+        moved past or a decision of its own in flight on one, an older request still open (answered first, in
+        order), or an answer other than a placement (a refusal, a wait, idle moves to make room are the binder's
+        to make on the written request, as for any other)."""
+        if not self.queue.listening:
+            return None
+        async with self.dispatcher.slot() as slot:
+            if self._cluster.devices.open_request_ids():
+                return None  # requests written before it are answered first, oldest first, by the pass
+            for device in requested:
+                held = self._cluster.devices.get(device.key)
+                version = device.metadata.resource_version
+                if (
+                    held is None
+                    or held.metadata.resource_version != version
+                    or self._cluster.devices.assumed(*device.key)
+                ):
+                    return None
+            answer = judge(
+                self._cluster,
+                request,
+                namespace,
+                tuple(requested),
+                now=self._clock(),
+                incomplete_after=self._incomplete_after,
+                prior=self._reserved(),
+                budgets_required=self._budgets_required,
+                guarded=self._guarded,
+            )
+            if not isinstance(answer, Answer) or not isinstance(answer.outcome, Placement):
+                return None
+            done: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+            self._answer(answer, slot, done)
+        return await done
+
+    def _answer(self, answer: Answer, slot: Slot, done: asyncio.Future[list[str]] | None = None) -> None:
         """Count the answer in the view at once and write it to every device of the set concurrently,
         in the background: the next request is decided meanwhile, on a view that already has this one.
-        The decision's slot goes with the write."""
+        The decision's slot goes with the write; `done` learns which devices it landed on."""
         now = self._clock()
         outcome, request = answer.outcome, answer.request
         news = [
@@ -226,7 +272,7 @@ class Binder:
         for assumption in assumptions:
             self.queue.note_room(assumption.room)  # a gather left room on the nodes it moved devices off
         bind = self._confirmations.orders_of(answer) if self._confirmations is not None else None
-        slot.hand(self._write_answer(answer, news, tokens, time.monotonic(), bind))
+        slot.hand(_telling(done, self._write_answer(answer, news, tokens, time.monotonic(), bind)))
 
     async def _write_answer(
         self,
@@ -235,7 +281,8 @@ class Binder:
         tokens: list[int],
         started: float,
         bind: Bind | None = None,
-    ) -> None:
+    ) -> list[str]:
+        """The devices the answer landed on."""
         if bind is not None and self._confirmations is not None:
             answer, news, tokens = await self._confirmations.confirmed(bind, news, tokens)
         request = answer.request
@@ -250,8 +297,9 @@ class Binder:
             lost = [d.name for d, ok in zip(answer.devices, written, strict=True) if not ok]
             log.info("bind.retry", request_id=request.id, namespace=answer.namespace, devices=lost)
             self.poke()
-            return
+            return [d.name for d, ok in zip(answer.devices, written, strict=True) if ok]
         reports.answered(answer, self._events, self._metrics, self._clock(), started)
+        return [d.name for d in answer.devices]
 
     # -- devices outside requests (§5.5, §5.6) -------------------------------
 
@@ -373,3 +421,17 @@ class Binder:
         holds their version then). `token`: the view already counts this write (`Writer.assume`)."""
         outcome = await self._writer.replace_status(kinds.GPU_DEVICE, device.wire(), assumption=token)
         return outcome.written
+
+
+async def _telling(done: asyncio.Future[list[str]] | None, write: Coroutine[Any, Any, list[str]]) -> None:
+    """Run an answer's write; `done`, if any, learns its result (or that it failed or was cancelled)."""
+    try:
+        written = await write
+    except BaseException as e:
+        if done is not None and isinstance(e, asyncio.CancelledError):
+            done.cancel()
+        elif done is not None and not done.done():
+            done.set_exception(e)
+        raise
+    if done is not None and not done.done():
+        done.set_result(written)
