@@ -3,13 +3,17 @@ VirtualMachine wants to run (§6.6).
 
 Callers: the view (`state.indexers`) keeps the permitted resources per KubeVirt CR; `decisions.admission` refuses a
 class whose resource KubeVirt would not hand to a VM; the collector asks `wants_to_run` of the VM
-whose VMI is gone, read fresh.
+whose VMI is gone, read fresh; `decisions.admission` and `decisions.lifecycle` make a template device's owner
+(`owned_by`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from cozygpu.api.meta import OwnerReference
+from cozygpu.api.names import KUBEVIRT_API_VERSION
 
 EXTERNAL = "External"  # the eviction strategy that leaves a VMI's evacuation to an outside controller (§6.8)
 
@@ -21,6 +25,11 @@ class KubeVirtConfig:
 
     permitted: frozenset[str] | None = None
     eviction_strategy: str | None = None
+
+
+def owned_by(kind: str, name: str, uid: str) -> OwnerReference:
+    """A template device's owner: the VirtualMachine controlling its VMI, or the VMI when none does (§6.1, §6.6)."""
+    return OwnerReference(api_version=KUBEVIRT_API_VERSION, kind=kind, name=name, uid=uid)
 
 
 def kubevirt_config(body: dict[str, Any]) -> KubeVirtConfig:

@@ -16,11 +16,13 @@ from typing import Any
 
 from cozygpu.api import ConditionStatus, GPUClass, GPUDevice, GPUMode, Phase
 from cozygpu.api.gpudevice import GPUDeviceSpec
+from cozygpu.api.kubevirt import owned_by
 from cozygpu.api.meta import ObjectMeta
 from cozygpu.api.names import (
     ANNOTATION_ADMITTED,
     API_VERSION,
     CONDITION_LOST_CAPACITY,
+    FINALIZER_IN_USE,
     KUBEVIRT_API_VERSION,
     LABEL_MODE,
     LABEL_TEMPLATE_DEVICE,
@@ -113,9 +115,17 @@ def check_held(cluster: Cluster, vmi: str, index: int, ref: HeldRef, device: GPU
 
 
 def check_template(
-    cluster: Cluster, namespace: str, vmi: str, index: int, *, ref: TemplateRef, device: GPUDevice | None
+    cluster: Cluster,
+    namespace: str,
+    vmi: str,
+    index: int,
+    *,
+    ref: TemplateRef,
+    device: GPUDevice | None,
+    vm: tuple[str, str] | None = None,
 ) -> Member | str:
-    """§3.4 for one template reference; an existing matching device of this VMI is reused."""
+    """§3.4 for one template reference; an existing matching device of this VMI is reused. `vm`: the name and uid
+    of the VirtualMachine controlling the VMI, if one does (`owner_vm`)."""
     name = template_device_name(vmi, index)
     create = device is None
     if not is_object_name(name):
@@ -124,10 +134,20 @@ def check_template(
             f"deviceTemplate {index}: GPUDevice name {_short(name)} made from the VMI's name is not a valid object name"
         )
     if device is None:
+        # §6.1, §6.5, §6.6: a VM's device is made with the owner and the in-use finalizer the collector would
+        # otherwise write once the VMI appears; a bare VMI's owner is the VMI, whose uid comes only then.
+        owners = [owned_by("VirtualMachine", *vm)] if vm is not None else []
+        meta = ObjectMeta(
+            name=name,
+            namespace=namespace,
+            labels={LABEL_TEMPLATE_DEVICE: TRUE},
+            owner_references=owners,
+            finalizers=[FINALIZER_IN_USE] if vm is not None else [],
+        )
         device = GPUDevice(
             api_version=API_VERSION,
             kind="GPUDevice",
-            metadata=ObjectMeta(name=name, namespace=namespace, labels={LABEL_TEMPLATE_DEVICE: TRUE}),
+            metadata=meta,
             spec=GPUDeviceSpec(class_name=ref.class_name, count=ref.count),
         )
     elif not device.is_template:
@@ -242,6 +262,12 @@ def gathered(members: Sequence[Member], node: str) -> list[str]:
         for m in members
         if m.device.status.node_name and m.device.status.node_name != node
     ]
+
+
+def controlling_vm(vmi: dict[str, Any]) -> tuple[str, str] | None:
+    """The name and uid of the VirtualMachine controlling the VMI, if one does (`owner_vm`)."""
+    ref = owner_vm(vmi)
+    return (ref["name"], ref["uid"]) if ref is not None else None
 
 
 def owner_vm(vmi: dict[str, Any]) -> dict[str, Any] | None:

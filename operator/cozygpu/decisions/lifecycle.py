@@ -19,8 +19,8 @@ from enum import Enum
 from typing import Any
 
 from cozygpu.api import Condition, ConditionStatus, GPUClass, GPUDevice, GPUDeviceStatus
-from cozygpu.api.meta import OwnerReference
-from cozygpu.api.names import CONDITION_KEPT, FINALIZER_IN_USE, KUBEVIRT_API_VERSION
+from cozygpu.api.kubevirt import owned_by
+from cozygpu.api.names import CONDITION_KEPT, FINALIZER_IN_USE
 from cozygpu.state.cluster import Cluster
 
 
@@ -73,6 +73,7 @@ def device_actions(
     )
     actions: list[Action] = []
     in_use = False
+    pending = False  # attached to a VMI that may yet appear: its in-use finalizer is left as it is
 
     if attached is not None:
         gone = attached.claimed and attached.uid != live
@@ -96,6 +97,8 @@ def device_actions(
                     else (f"VMI {attached.vmi} does not reference it: another create of the name was admitted")
                 )
                 return [Action(Do.DELETE, why)] if device.is_template else _detach(device, why)
+            # §6.5: a template device made with its finalizer keeps it for its VMI (one write fewer a start).
+            pending = True
         else:
             in_use = True
         ours = device.name.startswith(f"{attached.vmi}-gpu-")
@@ -120,7 +123,7 @@ def device_actions(
     has = FINALIZER_IN_USE in device.metadata.finalizers
     if in_use and not has and not device.deleting:
         actions.append(Action(Do.ADD_FINALIZER, "attached to a VMI that exists"))  # §6.5
-    elif not in_use and has:
+    elif not in_use and has and not pending:
         actions.append(Action(Do.REMOVE_FINALIZER, "no VMI that exists uses it"))
     return actions
 
@@ -213,8 +216,7 @@ def metadata_changes(device: GPUDevice, action: Action) -> dict[str, Any]:
     if action.do is Do.OWN:  # §6.1; §6.6: the VM controlling the VMI, when one does
         vmi = device.status.attached_to.vmi if device.status.attached_to else ""
         kind, name = ("VirtualMachine", action.vm) if action.vm else ("VirtualMachineInstance", vmi)
-        owner = OwnerReference(api_version=KUBEVIRT_API_VERSION, kind=kind, name=name, uid=action.uid)
-        return {"owner_references": [*meta.owner_references, owner]}
+        return {"owner_references": [*meta.owner_references, owned_by(kind, name, action.uid)]}
     if action.do in (Do.ADD_FINALIZER, Do.REMOVE_FINALIZER, Do.DELETE):
         return {"finalizers": protected(meta.finalizers, protect=action.do is Do.ADD_FINALIZER)}
     raise ValueError(f"{action.do.value} writes the status, not the metadata")

@@ -6,6 +6,7 @@ import datetime as dt
 from typing import Any
 
 from cozygpu.api import GPUDevice, kinds
+from cozygpu.api.names import FINALIZER_IN_USE
 from cozygpu.api.references import HeldRef, TemplateRef
 from cozygpu.decisions import admission, attach
 from cozygpu.decisions.admission import Member
@@ -95,6 +96,30 @@ def test_a_missing_template_device_is_to_be_created() -> None:
     assert isinstance(result, Member)
     assert (result.device.name, result.device.spec.count, result.create) == ("vm-gpu-2", 3, True)
     assert result.device.metadata.labels == {"gpu.cozystack.io/template-device": "true"}
+
+
+def test_a_vms_template_device_is_made_with_its_owner_and_in_use_finalizer() -> None:
+    """§6.1, §6.5, §6.6 (issue 37 item 8): the VM controlling the VMI owns the device from its create, which
+    carries the in-use finalizer too, so the collector writes neither once the VMI appears; a bare VMI's
+    device is made with neither (its owner, the VMI, has no uid until it is stored)."""
+    made = admission.check_template(base(), "t1", "vm", 0, ref=TemplateRef("a10", 1), device=None, vm=("vm", "u-vm"))
+    assert isinstance(made, Member)
+    [owner] = made.device.metadata.owner_references
+    assert (owner.kind, owner.name, owner.uid, owner.api_version) == ("VirtualMachine", "vm", "u-vm", "kubevirt.io/v1")
+    assert made.device.metadata.finalizers == [FINALIZER_IN_USE]
+    assert made.device.vm_owner is not None and made.device.vm_owner.uid == "u-vm"
+    bare = admission.check_template(base(), "t1", "vm", 0, ref=TemplateRef("a10", 1), device=None)
+    assert isinstance(bare, Member)
+    assert (bare.device.metadata.owner_references, bare.device.metadata.finalizers) == ([], [])
+
+
+def test_the_controlling_vm_is_read_from_the_vmis_owner_references() -> None:
+    """Only a controlling VirtualMachine reference counts: another owner, or a VM that does not control, is none."""
+    vm = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "vm", "uid": "u-vm", "controller": True}
+    vmi = {"metadata": {"name": "vm", "namespace": "t1", "ownerReferences": [vm]}}
+    assert admission.controlling_vm(vmi) == ("vm", "u-vm")
+    vmi["metadata"]["ownerReferences"] = [{**vm, "controller": False}, {**vm, "kind": "ReplicaSet"}]
+    assert admission.controlling_vm(vmi) is None
 
 
 def test_template_refusals() -> None:

@@ -137,6 +137,22 @@ def test_an_orphan_template_device_is_deleted_after_the_grace_period() -> None:
     assert due(body, GRACE, SOON) == EPOCH + GRACE
 
 
+def test_a_device_made_with_its_finalizer_keeps_it_while_its_vmi_may_yet_appear() -> None:
+    """§6.5 (issue 37 item 8): a VM's template device is made with the in-use finalizer; attached to a VMI not
+    stored yet, within the grace period, the finalizer stays (no write to take it off and put it back); the VMI
+    stored, only its uid is recorded; never stored, the device is deleted after the grace period as before."""
+    body = attached(template=True)
+    body["metadata"]["name"] = "vm-gpu-0"
+    body["metadata"]["finalizers"] = [FINALIZER_IN_USE]
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "vm", "uid": "u-vm"}
+    ]
+    made = GPUDevice.from_wire(body)
+    assert device_actions(with_vmi(None), made, SOON, GRACE) == []
+    assert dos(device_actions(with_vmi("u1"), made, SOON, GRACE)) == [Do.RECORD_UID]
+    assert dos(device_actions(with_vmi(None), made, LATE, GRACE)) == [Do.DELETE]
+
+
 def test_a_finalizer_without_a_live_vmi_is_removed() -> None:
     """§6.5: the finalizer is there exactly while a VMI that exists uses the device."""
     body = device("d", phase="Bound", node_name="n1")

@@ -146,7 +146,7 @@ class VMIAdmission:
             refs = references.parse(vmi["metadata"].get("annotations"), self._max_devices)
         except references.ReferenceError as e:
             raise Refusal(str(e)) from None
-        members = await self._resolve(namespace, name, refs)
+        members = await self._resolve(namespace, name, refs, admission.controlling_vm(vmi))
         planned = plans.plan(
             self._cluster,
             vmi,
@@ -180,7 +180,9 @@ class VMIAdmission:
         except ApiError as e:
             raise InternalError(f"reading {kind.kind} {namespace}/{name}: {e.message}") from None
 
-    async def _resolve(self, namespace: str, vmi: str, refs: list[references.Ref]) -> list[Member]:
+    async def _resolve(
+        self, namespace: str, vmi: str, refs: list[references.Ref], vm: tuple[str, str] | None
+    ) -> list[Member]:
         """§14.2, then §3.3 and §3.4, on one round of fresh reads: the VMI's name and every device at once, so
         an admission waits for one API answer, not two in a row (issue 22 item 4). Judged in the rules' order:
         a VMI of the name refuses the create whatever its devices are, even if reading them failed."""
@@ -202,7 +204,7 @@ class VMIAdmission:
         problems: list[str] = []
         for index, (ref, device) in enumerate(zip(refs, devices, strict=True)):
             if isinstance(ref, TemplateRef):
-                result = admission.check_template(self._cluster, namespace, vmi, index, ref=ref, device=device)
+                result = admission.check_template(self._cluster, namespace, vmi, index, ref=ref, device=device, vm=vm)
             else:
                 result = admission.check_held(self._cluster, vmi, index, ref, device)
             if isinstance(result, str):

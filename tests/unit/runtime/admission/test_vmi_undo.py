@@ -58,6 +58,20 @@ def test_a_refused_admission_deletes_the_template_device_it_created() -> None:
     assert kube.stored(kinds.GPU_DEVICE, "v-gpu-0", NS) is None
 
 
+def test_a_refused_admission_of_a_vms_vmi_deletes_its_template_device_finalizer_and_all() -> None:
+    """A VM's template device is made with the in-use finalizer (issue 37 item 8): the undo deletes it and then
+    takes the finalizer off, so nothing of the refused start stays behind."""
+    admission, kube = _admission()
+    vmi = _vmi(TEMPLATE)
+    vm = {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "v", "uid": "u-vm", "controller": True}
+    vmi["metadata"]["ownerReferences"] = [vm]
+    with pytest.raises(Refusal, match="did not answer"):
+        asyncio.run(admission.admit(vmi, dry_run=False))
+    assert [c for c in kube.calls if c[0] == "create"] == [("create", "GPUDevice", "v-gpu-0")]
+    assert kube.count("delete") == 1 and kube.count("patch") == 1  # the delete held by the finalizer, then it off
+    assert kube.stored(kinds.GPU_DEVICE, "v-gpu-0", NS) is None
+
+
 def test_a_refused_admission_clears_its_request_and_attachment_from_a_held_device() -> None:
     """§4: a held device keeps existing; this call's attachment and request are taken back."""
     admission, kube = _admission()
