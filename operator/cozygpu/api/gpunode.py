@@ -65,6 +65,12 @@ class GPUNodeStatus(Model):
     unmanaged_pod_count: int | None = Field(
         default=None, ge=0, description="How many pods hold units the operator did not place (§12)."
     )
+    evacuated: int | None = Field(
+        default=None,
+        ge=0,
+        description="VMs the operator restarted (or stopped) off the node since it was cordoned (§6.8); unset when "
+        "none, or once the node is uncordoned.",
+    )
     conditions: list[Condition] = Field(default_factory=list, json_schema_extra=CONDITIONS_SCHEMA)
 
 

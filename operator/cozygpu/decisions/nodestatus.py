@@ -63,12 +63,17 @@ def _crowded_message(crowded: list[NodeResource], pods: list[UnmanagedPod]) -> s
     return "; ".join(parts)
 
 
-def _evacuation(cluster: Cluster, name: str, stop_bare: bool, previous: list[Condition], now: dt.datetime) -> Condition:
+def _evacuation(
+    cluster: Cluster, name: str, previous: list[Condition], now: dt.datetime, *, stop_bare: bool, evacuated: int
+) -> Condition:
     """§6.8: True while VMs marked off the node are still to leave it, saying which wait, which restart on the node
-    reserved for them and which cannot leave (reason `Blocked`, with why), so a drain that waits says what for."""
+    reserved for them and which cannot leave (reason `Blocked`, with why), so a drain that waits says what for; and
+    how many have left since the node was cordoned (`evacuated`), also once none is left to move."""
     ev = evacuation.of_node(cluster, name, stop_bare=stop_bare)
+    moved = f"{evacuated} VMs moved off the node" if evacuated else ""
     if ev is None:
-        return _condition(CONDITION_EVACUATION, False, reason="NoEvacuation", message="", previous=previous, now=now)
+        reason = "Evacuated" if evacuated else "NoEvacuation"
+        return _condition(CONDITION_EVACUATION, False, reason=reason, message=moved, previous=previous, now=now)
     parts = [f"blocked: {vmi}: {why}" for vmi, why in ev.blocked[:MAX_NAMED_PODS]]
     if len(ev.blocked) > MAX_NAMED_PODS:
         parts.append(f"and {len(ev.blocked) - MAX_NAMED_PODS} more blocked")
@@ -76,15 +81,25 @@ def _evacuation(cluster: Cluster, name: str, stop_bare: bool, previous: list[Con
         parts.append(f"{len(ev.waiting)} VMs to move: " + ", ".join(ev.waiting[:MAX_NAMED_PODS]))
     if ev.restarting:
         parts.append(f"{len(ev.restarting)} VMs restarting on the nodes reserved for them")
+    if moved:
+        parts.append(moved)
     reason = "Blocked" if ev.blocked else "Evacuating"
     return _condition(CONDITION_EVACUATION, True, reason=reason, message="; ".join(parts), previous=previous, now=now)
 
 
 def gpunode_status(
-    cluster: Cluster, name: str, previous: list[Condition], now: dt.datetime, *, stop_bare: bool = False
+    cluster: Cluster,
+    name: str,
+    previous: list[Condition],
+    now: dt.datetime,
+    *,
+    stop_bare: bool = False,
+    evacuated: int = 0,
 ) -> GPUNodeStatus | None:
     """The status to write, or None when the node serves no class and no device names it. `stop_bare`: whether
-    the operator stops a VMI no VM controls to evacuate it (§6.8), as the binder's evacuator does."""
+    the operator stops a VMI no VM controls to evacuate it (§6.8), as the binder's evacuator does; `evacuated`:
+    the count its status has, kept while the node is cordoned (`evacuated_after` adds to it)."""
+    evacuated = evacuated if name in cluster.capacity.cordoned() else 0
     node = cluster.capacity.nodes.get(name)
     devices = list(cluster.devices.on(name))
     bound = [d for d in devices if d.holds_gpus]
@@ -137,7 +152,7 @@ def gpunode_status(
             previous=previous,
             now=now,
         ),
-        _evacuation(cluster, name, stop_bare, previous, now),
+        _evacuation(cluster, name, previous, now, stop_bare=stop_bare, evacuated=evacuated),
     ]
     return GPUNodeStatus(
         resources=resources,
@@ -145,5 +160,16 @@ def gpunode_status(
         summary=", ".join(f"{r.name} {r.held}/{r.allocatable}" for r in resources),
         unmanaged_pods=foreign[:MAX_UNMANAGED_PODS],
         unmanaged_pod_count=len(foreign) or None,
+        evacuated=evacuated or None,
         conditions=conditions,
     )
+
+
+def evacuated_after(cluster: Cluster, node: str) -> GPUNodeStatus | None:
+    """The node's GPUNode status with one more VM moved off it (§6.8); the condition's words follow on the
+    accountant's next look. None when there is no GPUNode to count on, or the node is no longer cordoned (the
+    count is of this maintenance only)."""
+    existing = cluster.gpunodes.get(node)
+    if existing is None or node not in cluster.capacity.cordoned():
+        return None
+    return existing.status.model_copy(update={"evacuated": (existing.status.evacuated or 0) + 1})

@@ -213,3 +213,18 @@ def test_lost_capacity_names_a_few_pods_and_counts_the_rest() -> None:
     status = gpunode_status(c, "n1", [], EPOCH)
     assert status is not None
     assert "(t1/job-0, t1/job-1, t1/job-2 and 2 more)" in condition(status, "LostCapacity")[1]
+
+
+def test_a_drained_node_says_how_many_vms_left_it_once_none_is_left_to_move() -> None:
+    """§6.8, issue 37 item 5: cordoned, with no VMI marked off it any more, the Evacuation condition is False with
+    reason Evacuated and the count of VMs moved; a node not cordoned keeps no count, whatever it was given."""
+    cordoned = cluster(nodes=[node("n1", {A10: 4}, unschedulable=True)], classes=[gpu_class("a10")])
+    status = gpunode_status(cordoned, "n1", [], EPOCH, evacuated=3)
+    assert status is not None and status.evacuated == 3
+    evacuation = next(c for c in status.conditions if c.type == "Evacuation")
+    assert (evacuation.status, evacuation.reason) == (ConditionStatus.FALSE, "Evacuated")
+    assert evacuation.message == "3 VMs moved off the node"
+    serving = cluster(nodes=[node("n1", {A10: 4})], classes=[gpu_class("a10")])
+    plain = gpunode_status(serving, "n1", [], EPOCH, evacuated=3)
+    assert plain is not None and plain.evacuated is None
+    assert next(c for c in plain.conditions if c.type == "Evacuation").reason == "NoEvacuation"

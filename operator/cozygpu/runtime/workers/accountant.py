@@ -187,7 +187,10 @@ class Accountant:
             nonlocal verb
             existing = self._cluster.gpunodes.get(name)
             previous = existing.status.conditions if existing else []
-            status = gpunode_status(self._cluster, name, previous, utcnow(), stop_bare=self._stop_bare)
+            evacuated = (existing.status.evacuated or 0) if existing else 0  # the evacuator's count, kept
+            status = gpunode_status(
+                self._cluster, name, previous, utcnow(), stop_bare=self._stop_bare, evacuated=evacuated
+            )
             if status is None:
                 if existing is None:
                     return None

@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import Callable
+from typing import Any
 
 from cozygpu.api import GPUDevice, kinds
-from cozygpu.decisions import evacuation, transitions
+from cozygpu.decisions import evacuation, nodestatus, transitions
 from cozygpu.decisions.evacuation import Blocked, Evacuation, Reserve, Restart, Stop
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
@@ -27,10 +28,11 @@ from cozygpu.runtime.workers.binder import reports
 from cozygpu.runtime.workers.binder.dispatcher import Dispatcher
 from cozygpu.runtime.workers.binder.pacing import Pacing
 from cozygpu.runtime.workers.binder.queue import WaitingRoom
-from cozygpu.runtime.writes import State, Writer
+from cozygpu.runtime.writes import State, Step, Writer
 from cozygpu.state.cluster import Change, Cluster
 
 VmiKey = tuple[str, str]
+Body = dict[str, Any]
 
 
 class Evacuator:
@@ -166,8 +168,25 @@ class Evacuator:
         self.restarted += restart
         self._count("Restarted" if restart else "Stopped")
         reports.evacuated(ev, step, self._events)
+        await self._counted_on(ev.node)
         if self._cluster.vmis.get(ev.key) != ev.uid or not self._cluster.pods.guest_running(ev.namespace, ev.uid):
             self._finish(ev)  # the view heard it go already, or its launcher end
+
+    async def _counted_on(self, node: str) -> None:
+        """One more VM moved off the node, on its GPUNode (`status.evacuated`), so the count outlives this leader."""
+
+        async def decide(_: Body | None) -> Step | None:
+            status = nodestatus.evacuated_after(self._cluster, node)
+            existing = self._cluster.gpunodes.get(node)
+            if status is None or existing is None:
+                return None
+            wanted = existing.model_copy(update={"status": status}).wire()
+            return lambda: self._writer.replace_status(kinds.GPU_NODE, wanted)
+
+        try:
+            await self._writer.update(None, decide)
+        except Exception as e:  # a count missed is no evacuation missed: the Events and the metric have it
+            reports.evacuation_uncounted(node, e)
 
     def _block(self, ev: Evacuation, reason: str) -> None:
         """Tell the tenant (an Event on each device of the set) and the platform (a log line, the metric) once per

@@ -155,6 +155,10 @@ def evacuation_failed(ev: Evacuation, error: BaseException | None) -> None:
     )
 
 
+def evacuation_uncounted(node: str, error: BaseException) -> None:
+    log.warning("gpunode.evacuated_uncounted", node=node, error=str(error))
+
+
 def evacuation_blocked(ev: Evacuation, reason: str, events: Recorder | None) -> None:
     """The VM keeps running on the node being drained: the tenant hears why on each device, the platform in the log."""
     log.info("vmi.evacuation_blocked", namespace=ev.namespace, vmi=ev.vmi, node=ev.node, reason=reason)

@@ -275,3 +275,24 @@ def test_a_vmi_that_lingers_after_its_delete_frees_its_place_once_its_launcher_e
         return await run_until(binder.run, lambda: _gone(kube, "v2"))
 
     assert asyncio.run(scenario())
+
+
+def test_each_vm_moved_off_a_cordoned_node_is_counted_on_its_gpunode() -> None:
+    """Item 5: the node's GPUNode counts the VMs moved off it (`status.evacuated`), written as each goes, so the
+    count outlives a change of leader; its Evacuation condition says it; uncordoned, the count goes."""
+    binder, view, kube = _cloud({"n1": 8, "n2": 8})
+    gpunode = {"apiVersion": "gpu.cozystack.io/v1alpha1", "kind": "GPUNode", "metadata": {"name": "n1"}}
+    view.apply(kinds.GPU_NODE, kube.put(kinds.GPU_NODE, gpunode))
+    _running(view, kube, _vmi("vm1"), [("a", 2)])
+    _running(view, kube, _vmi("vm2"), [("b", 2)])
+    _cordon(view, "n1")
+    assert asyncio.run(run_until(binder.run, lambda: _gone(kube, "vm1") and _gone(kube, "vm2")))
+    stored = kube.stored(kinds.GPU_NODE, "n1") or {}
+    assert stored["status"]["evacuated"] == 2
+    status = gpunode_status(view.cluster, "n1", [], EPOCH, evacuated=2)
+    assert status is not None and status.evacuated == 2
+    [condition] = [c for c in status.conditions if c.type == "Evacuation"]
+    assert "2 VMs moved off the node" in (condition.message or "")
+    view.apply(kinds.NODE, node("n1", {A10: 8}))  # uncordoned: the maintenance is over
+    after = gpunode_status(view.cluster, "n1", [], EPOCH, evacuated=2)
+    assert after is not None and after.evacuated is None
