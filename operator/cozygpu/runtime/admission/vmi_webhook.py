@@ -46,8 +46,9 @@ log = structlog.get_logger("cozygpu.webhook")
 P = ParamSpec("P")
 Body = dict[str, Any]
 # The Lease holder's binder answering a set in its request's own write (runtime.workers.binder.Binder.answer_at_once):
-# the devices it landed on, or None when it leaves the request to the protocol.
-AnswerAtOnce = Callable[[str, Sequence[GPUDevice], BindRequest], Awaitable[list[str] | None]]
+# by device, True if the write landed, False if someone wrote first, or the API's failure; None when it leaves
+# the request to the protocol.
+AnswerAtOnce = Callable[[str, Sequence[GPUDevice], BindRequest], Awaitable[dict[str, bool | BaseException] | None]]
 UNDO_TIMEOUT = 5.0  # seconds an undo may take before the refusal is answered; the collector has the rest
 
 
@@ -307,16 +308,21 @@ class VMIAdmission:
             earlier = attach.earlier_vmi(m.device)
             gone = earlier is not None and not await self._vmi_exists(namespace, vmi, earlier)
             steps.append(attach.requested(m.device, vmi, request, utcnow(), earlier_gone=gone))
-        written = await self._answer(namespace, [step.device for step in steps], request)
-        if not written:
-            return False  # nothing landed (another writer first): the protocol's writes decide on a fresh read
+        landed = await self._answer(namespace, [step.device for step in steps], request)
+        if landed is None:
+            return False
         for step in steps:
-            if step.device.name in written:
+            if landed.get(step.device.name) is True:
                 writes.requested.append(step.device.name)
                 if step.attaching:
                     writes.attached.append(step.device.name)
-        if len(written) != len(steps):
-            changed = ", ".join(s.device.name for s in steps if s.device.name not in written)
+        for failure in landed.values():
+            if isinstance(failure, BaseException):
+                raise failure  # the API failed a write: an error, after the undo of what did land (`_bind`)
+        if not writes.requested:
+            return False  # nothing landed (another writer first): the protocol's writes decide on a fresh read
+        if len(writes.requested) != len(steps):
+            changed = ", ".join(s.device.name for s in steps if landed.get(s.device.name) is not True)
             raise Refusal(f"GPUDevice {changed} changed while being attached; KubeVirt retries the start")
         return True
 

@@ -14,7 +14,8 @@ from cozygpu.api import BindRequest, GPUDevice, kinds
 from cozygpu.api.meta import now
 from cozygpu.decisions import attach
 from cozygpu.decisions.pinning import is_pinned
-from cozygpu.runtime.admission.outcomes import Refusal
+from cozygpu.kube.adapter import Forbidden
+from cozygpu.runtime.admission.outcomes import InternalError, Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.vmi_webhook import VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
@@ -175,3 +176,16 @@ def test_a_request_written_before_is_answered_first_so_none_is_overtaken() -> No
     before = len(kube.calls)
     assert asyncio.run(binder.answer_at_once(NS, [step.device], newer)) is None
     assert kube.calls[before:] == []
+
+
+def test_a_write_the_api_fails_is_an_error_and_what_landed_is_taken_back() -> None:
+    """The API refuses one device's write (an error, not a conflict): the admission fails closed with the API's
+    words (§3), and its undo leaves neither device with its marks, as when the request alone was written."""
+    binder, admission, _, kube = _cluster()
+    binder.listen()
+    kube.fail_next(Forbidden(403, "Forbidden", "status writes are not allowed here"), method="replace_status")
+    with pytest.raises(InternalError, match="status writes are not allowed here"):
+        _admit(admission, {"device": "h"}, TEMPLATE)
+    assert kube.stored(kinds.GPU_DEVICE, "v-gpu-1", NS) is None
+    after = kube.stored(kinds.GPU_DEVICE, "h", NS)
+    assert after is not None and "attachedTo" not in after["status"] and "bindRequest" not in after["status"]

@@ -46,6 +46,9 @@ log = structlog.get_logger("cozygpu.binder")
 
 # A pass hands the event loop back at least this often (§14.3): probes, watches and admissions go on.
 YIELD_EVERY = 0.002
+# What an answer's write did on each device of the set, by name: True landed, False someone wrote first, or the
+# API's failure.
+Landed = dict[str, bool | BaseException]
 
 
 class Binder:
@@ -216,10 +219,10 @@ class Binder:
 
     async def answer_at_once(
         self, namespace: str, requested: Sequence[GPUDevice], request: BindRequest
-    ) -> list[str] | None:
+    ) -> Landed | None:
         """§4 in one write per device (§13.4): the set as the webhook of this replica would write its request
         (`requested`, built on the versions it read), answered with that request, when this binder decides (the
-        Lease holder's) and can place the set now. Returns the devices whose write landed; None, with nothing
+        Lease holder's) and can place the set now. Returns what the write did on each device; None, with nothing
         written, when the binder leaves it to the protocol: not deciding here, a version of a device the view has
         moved past or a decision of its own in flight on one, an older request still open (answered first, in
         order), or an answer other than a placement (a refusal, a wait, idle moves to make room are the binder's
@@ -251,14 +254,14 @@ class Binder:
             )
             if not isinstance(answer, Answer) or not isinstance(answer.outcome, Placement):
                 return None
-            done: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+            done: asyncio.Future[Landed] = asyncio.get_running_loop().create_future()
             self._answer(answer, slot, done)
         return await done
 
-    def _answer(self, answer: Answer, slot: Slot, done: asyncio.Future[list[str]] | None = None) -> None:
+    def _answer(self, answer: Answer, slot: Slot, done: asyncio.Future[Landed] | None = None) -> None:
         """Count the answer in the view at once and write it to every device of the set concurrently,
         in the background: the next request is decided meanwhile, on a view that already has this one.
-        The decision's slot goes with the write; `done` learns which devices it landed on."""
+        The decision's slot goes with the write; `done` learns what became of it on each device."""
         now = self._clock()
         outcome, request = answer.outcome, answer.request
         news = [
@@ -281,8 +284,8 @@ class Binder:
         tokens: list[int],
         started: float,
         bind: Bind | None = None,
-    ) -> list[str]:
-        """The devices the answer landed on."""
+    ) -> Landed:
+        """What became of the answer's write on each device."""
         if bind is not None and self._confirmations is not None:
             answer, news, tokens = await self._confirmations.confirmed(bind, news, tokens)
         request = answer.request
@@ -290,6 +293,10 @@ class Binder:
             *(self._write(new, token=t) for new, t in zip(news, tokens, strict=True)), return_exceptions=True
         )
         written = [r is True for r in results]
+        landed: Landed = {
+            d.name: r if isinstance(r, BaseException) else r is True
+            for d, r in zip(answer.devices, results, strict=True)
+        }
         for failure in (r for r in results if isinstance(r, BaseException)):
             log.warning("binder.write_failed", request_id=request.id, namespace=answer.namespace, error=str(failure))
         if not all(written):
@@ -297,9 +304,9 @@ class Binder:
             lost = [d.name for d, ok in zip(answer.devices, written, strict=True) if not ok]
             log.info("bind.retry", request_id=request.id, namespace=answer.namespace, devices=lost)
             self.poke()
-            return [d.name for d, ok in zip(answer.devices, written, strict=True) if ok]
+            return landed
         reports.answered(answer, self._events, self._metrics, self._clock(), started)
-        return [d.name for d in answer.devices]
+        return landed
 
     # -- devices outside requests (§5.5, §5.6) -------------------------------
 
@@ -423,7 +430,7 @@ class Binder:
         return outcome.written
 
 
-async def _telling(done: asyncio.Future[list[str]] | None, write: Coroutine[Any, Any, list[str]]) -> None:
+async def _telling(done: asyncio.Future[Landed] | None, write: Coroutine[Any, Any, Landed]) -> None:
     """Run an answer's write; `done`, if any, learns its result (or that it failed or was cancelled)."""
     try:
         written = await write
