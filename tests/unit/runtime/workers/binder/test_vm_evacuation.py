@@ -6,6 +6,7 @@ same with KubeVirt's own controllers in the loop: tests/kubevirt/test_drain.py."
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any
 
 import structlog
@@ -13,6 +14,7 @@ import structlog
 from cozygpu.api import kinds
 from cozygpu.api.names import ANNOTATION_DEVICES, LABEL_DEVICE_REFERENCE, REASON_EVACUATING, TRUE
 from cozygpu.decisions import evacuation
+from cozygpu.decisions.lifecycle import Do, device_actions, status_after
 from cozygpu.decisions.nodestatus import gpunode_status
 from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.binder import Binder
@@ -296,3 +298,38 @@ def test_each_vm_moved_off_a_cordoned_node_is_counted_on_its_gpunode() -> None:
     view.apply(kinds.NODE, node("n1", {A10: 8}))  # uncordoned: the maintenance is over
     after = gpunode_status(view.cluster, "n1", [], EPOCH, evacuated=2)
     assert after is not None and after.evacuated is None
+
+
+def test_the_reservation_lapses_after_the_grace_period_when_the_vm_does_not_come_back() -> None:
+    """Item 1: the VM restarted for an evacuation but no next VMI came (its tenant broke it, or it stays down):
+    the set's template device, reserved on the destination, is kept for the VM for the grace period and then
+    deleted, its units free again (§6.6); the held device, the tenant's own, stays held there, detached."""
+    binder, view, kube = _cloud({"n1": 8, "n2": 8})
+    vmi = _vmi("vm")
+    vmi["metadata"]["annotations"][ANNOTATION_DEVICES] = (
+        '[{"device": "a"}, {"deviceTemplate": {"className": "a10", "count": 2}}]'
+    )
+    _running(view, kube, vmi, [("a", 2)])
+    uid = (kube.stored(kinds.VMI, "vm", "t1") or {})["metadata"]["uid"]
+    attached = {"attachedTo": {"vmi": "vm", "uid": uid, "since": EPOCH.isoformat()}}
+    made = device("vm-gpu-1", count=2, phase="Bound", node_name="n1", template=True, status=attached)
+    made["metadata"]["ownerReferences"] = [
+        {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "vm", "uid": "vm-vm"}
+    ]
+    _seen(view, kube, made)
+    view.apply(kinds.POD, pod("launcher-vm", {A10: 4}, node="n1", vmi="vm", vmi_uid=uid))
+    _cordon(view, "n1")
+    assert asyncio.run(run_until(binder.run, lambda: _gone(kube, "vm")))
+    assert (_where(kube, "a"), _where(kube, "vm-gpu-1")) == ("n2", "n2")
+    # The watch's news: the VMI and its launcher are gone, and no next VMI comes.
+    view.forget(kinds.VMI, "t1", "vm")
+    view.apply(kinds.POD, pod("launcher-vm", {A10: 4}, node="n1", vmi="vm", vmi_uid=uid), deleted=True)
+    grace = dt.timedelta(minutes=2)
+    template = view.cluster.devices[("t1", "vm-gpu-1")]
+    [keep] = device_actions(view.cluster, template, EPOCH, grace, vm_runs=True)
+    assert keep.do is Do.KEEP
+    kept = template.model_copy(update={"status": status_after(template, keep)})
+    late = EPOCH + grace + dt.timedelta(seconds=1)
+    assert [a.do for a in device_actions(view.cluster, kept, late, grace, vm_runs=True)] == [Do.DELETE]
+    held = view.cluster.devices[("t1", "a")]
+    assert [a.do for a in device_actions(view.cluster, held, EPOCH, grace)] == [Do.DETACH]
