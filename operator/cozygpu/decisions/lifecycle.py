@@ -112,13 +112,16 @@ def device_actions(
     elif request is not None and _expired(request.requested_at, now, grace):
         actions.append(Action(Do.CLEAR_REQUEST, "the bind request went unanswered"))  # §4
 
-    if attached is None and device.is_template and device.vm_owner is not None:
+    # Never placed: made by an admission still under way (a VM's comes with its owner), or one that ended early.
+    made = device.is_template and attached is None and device.status.phase is None and device.vmi_owner is None
+    if attached is None and device.is_template and device.vm_owner is not None and not made:
         return _kept_or_deleted(device, "no VMI uses it", now, grace, vm_runs)  # a restart's admission undone
     if attached is None and device.is_template:
-        gone = owner is not None and not cluster.vmis.exists(owner.uid)
-        orphan = owner is None and _expired(device.metadata.creation_timestamp, now, grace)
+        gone = not made and owner is not None and not cluster.vmis.exists(owner.uid)
+        orphan = (owner is None or made) and _expired(device.metadata.creation_timestamp, now, grace)
         if gone or orphan:
             return [Action(Do.DELETE, "its VMI is gone" if gone else "no VMI uses it")]  # §6.3
+        pending = pending or made  # the finalizer it was made with stays for the VMI to come
 
     has = FINALIZER_IN_USE in device.metadata.finalizers
     if in_use and not has and not device.deleting:

@@ -153,6 +153,22 @@ def test_a_device_made_with_its_finalizer_keeps_it_while_its_vmi_may_yet_appear(
     assert dos(device_actions(with_vmi(None), made, LATE, GRACE)) == [Do.DELETE]
 
 
+def test_a_vms_template_device_just_made_is_left_to_its_admission_until_the_grace_period() -> None:
+    """A VM's template device made by an admission (owner and finalizer from its create, issue 37 item 8), its
+    request not written yet: nothing is asked of the VM, nothing kept, nothing written, so no write of the
+    collector's races the admission's; past the grace period with nothing attached, it is deleted (§6.3). Before,
+    it was taken for a restart's admission undone and the VM was read and the device marked kept."""
+    body = device("vm-gpu-0", template=True)
+    body["metadata"]["finalizers"] = [FINALIZER_IN_USE]
+    body["metadata"]["ownerReferences"] = [
+        {"apiVersion": "kubevirt.io/v1", "kind": "VirtualMachine", "name": "vm", "uid": "u-vm"}
+    ]
+    made = GPUDevice.from_wire(body)
+    assert device_actions(cluster(), made, SOON, GRACE) == []
+    assert dos(device_actions(cluster(), made, LATE, GRACE)) == [Do.DELETE]
+    assert due(made, GRACE, SOON) == EPOCH + GRACE
+
+
 def test_a_finalizer_without_a_live_vmi_is_removed() -> None:
     """§6.5: the finalizer is there exactly while a VMI that exists uses the device."""
     body = device("d", phase="Bound", node_name="n1")
