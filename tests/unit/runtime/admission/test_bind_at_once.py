@@ -75,6 +75,18 @@ async def _beside(worker: Callable[[], Coroutine[Any, Any, None]], work: Corouti
         await asyncio.gather(task, return_exceptions=True)
 
 
+def _left_to_the_protocol(binder: Binder, kube: MemKube, read: GPUDevice) -> bool:
+    """Whether the binder answers nothing at once for h's request built on `read`, and writes nothing."""
+    request = BindRequest(id="r1", vmi="v", devices=["h"], requested_at=now())
+    step = attach.requested(read, "v", request, now(), earlier_gone=False)
+    before = len(kube.calls)
+    return asyncio.run(binder.answer_at_once(NS, [step.device], request)) is None and kube.calls[before:] == []
+
+
+def _held(kube: MemKube) -> GPUDevice:
+    return GPUDevice.from_wire(kube.stored(kinds.GPU_DEVICE, "h", NS) or {})
+
+
 def test_on_the_deciding_replica_request_and_answer_are_one_write_per_device() -> None:
     """The binder holds the Lease in this process: each device of the set (a held one, a template one) gets one
     status write carrying the request answered Succeeded on the set's node, with no pass of the binder's loop."""
@@ -127,25 +139,16 @@ def test_the_binder_answers_nothing_at_once_for_a_version_its_view_has_moved_pas
     whose write reads it fresh; so an answer is never built on what the view no longer has."""
     binder, _, view, kube = _cluster()
     binder.listen()
-    read = GPUDevice.from_wire(kube.stored(kinds.GPU_DEVICE, "h", NS) or {})
+    read = _held(kube)
     later = kube.change(kinds.GPU_DEVICE, {**(kube.stored(kinds.GPU_DEVICE, "h", NS) or {}), "status": _bound_on("n1")})
     view.apply(kinds.GPU_DEVICE, later)
-    request = BindRequest(id="r1", vmi="v", devices=["h"], requested_at=now())
-    step = attach.requested(read, "v", request, now(), earlier_gone=False)
-    before = len(kube.calls)
-    assert asyncio.run(binder.answer_at_once(NS, [step.device], request)) is None
-    assert kube.calls[before:] == []
+    assert _left_to_the_protocol(binder, kube, read)
 
 
 def test_the_binder_answers_nothing_at_once_unless_it_decides() -> None:
     """Before `listen` (a standby, or a binder not started) the binder writes nothing for a webhook's set."""
     binder, _, _, kube = _cluster()
-    read = GPUDevice.from_wire(kube.stored(kinds.GPU_DEVICE, "h", NS) or {})
-    request = BindRequest(id="r1", vmi="v", devices=["h"], requested_at=now())
-    step = attach.requested(read, "v", request, now(), earlier_gone=False)
-    before = len(kube.calls)
-    assert asyncio.run(binder.answer_at_once(NS, [step.device], request)) is None
-    assert kube.calls[before:] == []
+    assert _left_to_the_protocol(binder, kube, _held(kube))
 
 
 def test_an_answer_that_lands_on_part_of_the_set_is_refused_and_taken_back() -> None:
@@ -170,12 +173,7 @@ def test_a_request_written_before_is_answered_first_so_none_is_overtaken() -> No
     older = device("o")
     older["status"] = request("r0", "w", ["o"], now())
     seen_with_status(view, kube, older)
-    read = GPUDevice.from_wire(kube.stored(kinds.GPU_DEVICE, "h", NS) or {})
-    newer = BindRequest(id="r1", vmi="v", devices=["h"], requested_at=now())
-    step = attach.requested(read, "v", newer, now(), earlier_gone=False)
-    before = len(kube.calls)
-    assert asyncio.run(binder.answer_at_once(NS, [step.device], newer)) is None
-    assert kube.calls[before:] == []
+    assert _left_to_the_protocol(binder, kube, _held(kube))
 
 
 def test_a_write_the_api_fails_is_an_error_and_what_landed_is_taken_back() -> None:
