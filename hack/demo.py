@@ -162,6 +162,10 @@ def drain_story(kube: Kube) -> None:
 
     node = wait_for("trainer running again", again, timeout=120)
     print(f"{home} drained; VM trainer runs again on {node} with the same GPUDevices")
+    moved = wait_for(
+        f"GPUNode {home} counting", lambda: (kube.get(kinds.GPU_NODE, home).get("status") or {}).get("evacuated")
+    )
+    print(f"GPUNode {home}: {moved} VM moved off it while cordoned (status.evacuated)")
     show_devices(kube)
     for event in kube.list(kinds.kind("Event"), NS):
         if event.get("reason") == "Moved" and "node maintenance" in event.get("message", ""):
