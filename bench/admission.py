@@ -4,8 +4,8 @@ On a local control plane with the operator (`cozygpu run --dev`, its own identit
 - `--concurrency` tenants at once each create a VMI with two template devices, for
   `--rounds` rounds; the latency of each create, p50 and p99;
 - the floor: the same chain of API calls an admission makes, without the operator,
-  on ConfigMaps (two fresh reads, two creates, two status writes for attach + request,
-  two for the binder's answer, then the object itself), at the same concurrency;
+  on ConfigMaps (two fresh reads, two creates, two writes for attach, request and the binder's answer,
+  one per device as on the Lease holder, then the object itself), at the same concurrency;
 - the same stream in a namespace under a GPUBudget (generous: nothing is refused), beside the stream
   without one: what charging the budget costs a bind (§7.4 across replicas, runtime/charges.py);
 - a burst of `--burst` creates at once: admitted, refused, timed out (bind timeout).
@@ -70,10 +70,10 @@ def chain_of_writes(kube: Kube, name: str, namespace: str) -> None:
         )
         for p in parts
     ]
-    for step in ("request", "answer"):
-        for i, body in enumerate(made):
-            body["data"] = {**(body.get("data") or {}), step: "x"}
-            made[i] = kube.replace(CONFIGMAP, body)
+    # The request and its answer, one write per device, as the Lease holder's webhook and binder make it (§13.4).
+    for body in made:
+        body["data"] = {**(body.get("data") or {}), "request": "x", "answer": "x"}
+        kube.replace(CONFIGMAP, body)
     kube.create(
         CONFIGMAP, {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": namespace}}
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 
-from cozygpu.api import Condition, ConditionStatus, GPUNodeStatus, NodeResource, UnmanagedPod
+from cozygpu.api import Condition, ConditionStatus, GPUNode, GPUNodeStatus, NodeResource, UnmanagedPod
 from cozygpu.api.gpunode import MAX_UNMANAGED_PODS
 from cozygpu.api.names import CONDITION_CLASS_CONFLICT, CONDITION_EVACUATION, CONDITION_LOST_CAPACITY
 from cozygpu.decisions import evacuation
@@ -165,11 +165,12 @@ def gpunode_status(
     )
 
 
-def evacuated_after(cluster: Cluster, node: str) -> GPUNodeStatus | None:
-    """The node's GPUNode status with one more VM moved off it (§6.8); the condition's words follow on the
+def evacuated_after(cluster: Cluster, node: str) -> GPUNode | None:
+    """The node's GPUNode with one more VM moved off it in its status (§6.8); the condition's words follow on the
     accountant's next look. None when there is no GPUNode to count on, or the node is no longer cordoned (the
     count is of this maintenance only)."""
     existing = cluster.gpunodes.get(node)
     if existing is None or node not in cluster.capacity.cordoned():
         return None
-    return existing.status.model_copy(update={"evacuated": (existing.status.evacuated or 0) + 1})
+    status = existing.status.model_copy(update={"evacuated": (existing.status.evacuated or 0) + 1})
+    return existing.model_copy(update={"status": status})

@@ -176,11 +176,10 @@ class Evacuator:
         """One more VM moved off the node, on its GPUNode (`status.evacuated`), so the count outlives this leader."""
 
         async def decide(_: Body | None) -> Step | None:
-            status = nodestatus.evacuated_after(self._cluster, node)
-            existing = self._cluster.gpunodes.get(node)
-            if status is None or existing is None:
+            counted = nodestatus.evacuated_after(self._cluster, node)
+            if counted is None:
                 return None
-            wanted = existing.model_copy(update={"status": status}).wire()
+            wanted = counted.wire()
             return lambda: self._writer.replace_status(kinds.GPU_NODE, wanted)
 
         try:

@@ -292,16 +292,15 @@ class Binder:
         results = await asyncio.gather(
             *(self._write(new, token=t) for new, t in zip(news, tokens, strict=True)), return_exceptions=True
         )
-        written = [r is True for r in results]
         landed: Landed = {
             d.name: r if isinstance(r, BaseException) else r is True
             for d, r in zip(answer.devices, results, strict=True)
         }
         for failure in (r for r in results if isinstance(r, BaseException)):
             log.warning("binder.write_failed", request_id=request.id, namespace=answer.namespace, error=str(failure))
-        if not all(written):
+        lost = [name for name, result in landed.items() if result is not True]
+        if lost:
             # Someone wrote first; the view holds their version and the next pass decides again.
-            lost = [d.name for d, ok in zip(answer.devices, written, strict=True) if not ok]
             log.info("bind.retry", request_id=request.id, namespace=answer.namespace, devices=lost)
             self.poke()
             return landed
