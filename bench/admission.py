@@ -18,11 +18,14 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import statistics
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' harness (tests/support)
 
 from tests.support.harness import OperatorProcess, wait_for
 

@@ -57,6 +57,9 @@ from binder import (
     setup,
 )
 from neighbour import template_vmi
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' harness (tests/support)
+
 from tests.support.harness import OperatorProcess, in_parallel
 
 from cozygpu.api import kinds

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -26,6 +27,9 @@ from pathlib import Path
 
 import pykube
 import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' harness (tests/support)
+
 from tests.support.harness import OperatorProcess, in_parallel, wait_for
 
 from cozygpu.api import kinds

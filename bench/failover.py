@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from scale import NAMESPACES, populate, rss_mib
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' harness (tests/support)
+
 from tests.support.harness import OperatorProcess, wait_for
 
 from cozygpu.api import kinds

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -21,6 +22,9 @@ import uuid
 from pathlib import Path
 
 from admission import fill, pct, row
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' harness (tests/support)
+
 from tests.support.harness import OperatorProcess, wait_for
 
 from cozygpu.api import kinds

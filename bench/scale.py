@@ -13,10 +13,13 @@ Run: `make bench` (or `python bench/scale.py --nodes 500 --devices 5000`); loopb
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import TypeVar
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the tests' harness (tests/support)
 
 from tests.support.harness import OperatorProcess, in_parallel, wait_for
 
