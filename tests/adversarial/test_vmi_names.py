@@ -10,9 +10,10 @@ from __future__ import annotations
 import pytest
 
 from cozygpu.api import kinds
+from cozygpu.api.names import FINALIZER_IN_USE
 from cozygpu.devcluster.bodies import vmi_body
 from cozygpu.kube.adapter import ApiError, Kube
-from tests.support.harness import OperatorProcess
+from tests.support.harness import OperatorProcess, wait_for
 from tests.support.invariants import assert_invariants
 from tests.support.nodes import Gpu, GPUNodeFactory
 from tests.support.objects import device_status, held
@@ -31,9 +32,17 @@ def test_a_second_create_of_a_running_vmis_name_writes_nothing(
     gpu_node({gpu.resource: 2}, name=f"two-{gpu.cls}")
     ns = mallory.namespace
     held(mallory.kube, ns, "d1", gpu.cls)
-    mallory.kube.create(kinds.VMI, vmi_body("v", ns, [{"device": "d1"}]))
+    uid = mallory.kube.create(kinds.VMI, vmi_body("v", ns, [{"device": "d1"}]))["metadata"]["uid"]
     held(mallory.kube, ns, "d2", gpu.cls)
-    d1 = mallory.kube.get(kinds.GPU_DEVICE, "d1", ns)
+    # §6.1, §6.5: the collector's writes for the VMI's appearance (its uid, the in-use finalizer) come first.
+    d1 = wait_for(
+        "d1 claimed by v",
+        lambda: (
+            (d := mallory.kube.get(kinds.GPU_DEVICE, "d1", ns))["status"]["attachedTo"].get("uid") == uid
+            and FINALIZER_IN_USE in d["metadata"].get("finalizers", [])
+            and d
+        ),
+    )
     with pytest.raises(ApiError) as raised:
         mallory.kube.create(kinds.VMI, vmi_body("v", ns, [{"device": "d1"}, {"device": "d2"}]))
     # What the create wrote first, then how it was answered (a 409 after admission comes too late).
