@@ -165,7 +165,7 @@ def drain_story(kube: Kube) -> None:
     moved = wait_for(
         f"GPUNode {home} counting", lambda: (kube.get(kinds.GPU_NODE, home).get("status") or {}).get("evacuated")
     )
-    print(f"GPUNode {home}: {moved} VM moved off it while cordoned (status.evacuated)")
+    print(f"GPUNode {home}: {moved} VM{'' if moved == 1 else 's'} moved off it while cordoned (status.evacuated)")
     show_devices(kube)
     for event in kube.list(kinds.kind("Event"), NS):
         if event.get("reason") == "Moved" and "node maintenance" in event.get("message", ""):

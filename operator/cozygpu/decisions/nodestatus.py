@@ -70,7 +70,7 @@ def _evacuation(
     reserved for them and which cannot leave (reason `Blocked`, with why), so a drain that waits says what for; and
     how many have left since the node was cordoned (`evacuated`), also once none is left to move."""
     ev = evacuation.of_node(cluster, name, stop_bare=stop_bare)
-    moved = f"{evacuated} VMs moved off the node" if evacuated else ""
+    moved = f"{_vms(evacuated)} moved off the node" if evacuated else ""
     if ev is None:
         reason = "Evacuated" if evacuated else "NoEvacuation"
         return _condition(CONDITION_EVACUATION, False, reason=reason, message=moved, previous=previous, now=now)
@@ -78,13 +78,17 @@ def _evacuation(
     if len(ev.blocked) > MAX_NAMED_PODS:
         parts.append(f"and {len(ev.blocked) - MAX_NAMED_PODS} more blocked")
     if ev.waiting:
-        parts.append(f"{len(ev.waiting)} VMs to move: " + ", ".join(ev.waiting[:MAX_NAMED_PODS]))
+        parts.append(f"{_vms(len(ev.waiting))} to move: " + ", ".join(ev.waiting[:MAX_NAMED_PODS]))
     if ev.restarting:
-        parts.append(f"{len(ev.restarting)} VMs restarting on the nodes reserved for them")
+        parts.append(f"{_vms(len(ev.restarting))} restarting on the nodes reserved for them")
     if moved:
         parts.append(moved)
     reason = "Blocked" if ev.blocked else "Evacuating"
     return _condition(CONDITION_EVACUATION, True, reason=reason, message="; ".join(parts), previous=previous, now=now)
+
+
+def _vms(count: int) -> str:
+    return f"{count} VM" if count == 1 else f"{count} VMs"
 
 
 def gpunode_status(

@@ -228,3 +228,11 @@ def test_a_drained_node_says_how_many_vms_left_it_once_none_is_left_to_move() ->
     plain = gpunode_status(serving, "n1", [], EPOCH, evacuated=3)
     assert plain is not None and plain.evacuated is None
     assert next(c for c in plain.conditions if c.type == "Evacuation").reason == "NoEvacuation"
+
+
+def test_a_drained_node_that_moved_one_vm_says_so_in_the_singular() -> None:
+    """The Evacuation message counts one VM as "1 VM", not "1 VMs"."""
+    cordoned = cluster(nodes=[node("n1", {A10: 4}, unschedulable=True)], classes=[gpu_class("a10")])
+    status = gpunode_status(cordoned, "n1", [], EPOCH, evacuated=1)
+    assert status is not None
+    assert condition(status, "Evacuation")[1] == "1 VM moved off the node"
