@@ -130,7 +130,7 @@ class ViewCollector(Collector):
         yield GaugeMetricFamily(
             "cozygpu_bind_requests_open",
             "Bind requests some device carries without an answer.",
-            value=len(c.devices.open_request_ids()),
+            value=c.devices.open_request_count(),
         )
 
     def _nodes(self) -> Iterator[GaugeMetricFamily]:

@@ -250,6 +250,10 @@ class Devices:
         """Ids of bind requests that some device carries without a result."""
         return list(self._open_requests)
 
+    def open_request_count(self) -> int:
+        """How many bind requests some device carries without a result (no copy: read per admission)."""
+        return len(self._open_requests)
+
     def unbound_in_turn(self) -> list[GPUDevice]:
         """Devices not Bound, first come first served (`turn`), from the order kept as they change."""
         return [self.store.items[(t[2], t[3])] for t in self._turns]
@@ -308,6 +312,7 @@ class DeviceReads(ReadOnly[DeviceKey, GPUDevice]):
         self.named_by_open_request = part.named_by_open_request
         self.assumed = part.assumed
         self.open_request_ids = part.open_request_ids
+        self.open_request_count = part.open_request_count
         # The waiting room (§5.5): what the binder hands out next, and what the metrics read (§10).
         self.unbound_in_turn = part.unbound_in_turn
         self.waiting = part.waiting

@@ -230,7 +230,7 @@ class Binder:
         if not self.queue.listening:
             return None
         async with self.dispatcher.slot() as slot:
-            if self._cluster.devices.open_request_ids():
+            if self._cluster.devices.open_request_count():
                 return None  # requests written before it are answered first, oldest first, by the pass
             for device in requested:
                 held = self._cluster.devices.get(device.key)
