@@ -54,10 +54,13 @@ def check_orders(
     count, but are not checked again. `required`: a namespace no budget covers orders nothing
     (otherwise it may order every free GPU; docs/security.md)."""
     used: dict[tuple[str, str], dict[str, int]] = {}
+    covering: dict[str, list[GPUBudget]] = {}  # one look-up per namespace, however many orders it has
     for order in prior:
-        for budget in covering_budgets(cluster, order.namespace):
-            key = budget.key
-            tally = used.setdefault(key, usage(cluster, budget))
+        budgets = covering.get(order.namespace)
+        if budgets is None:
+            budgets = covering[order.namespace] = covering_budgets(cluster, order.namespace)
+        for budget in budgets:
+            tally = used.setdefault(budget.key, usage(cluster, budget))
             tally[order.class_name] = tally.get(order.class_name, 0) + order.count
     for order in orders:
         if not entitled(cluster, order.namespace, order.class_name):

@@ -36,8 +36,11 @@ class Reservations:
 
     def __init__(self, ttl: float) -> None:
         self._ttl = ttl
+        # In the order they expire (one ttl for all): the expired are taken off the front.
         self._items: dict[str, _Reservation] = {}
         self._by_name: dict[tuple[str, str], set[str]] = {}
+        # Units reserved per (namespace, class): what every decision counts, kept as reservations come and go.
+        self._units: dict[tuple[str, str], int] = {}
         self._unnamed = itertools.count()
 
     def add(self, namespace: str, name: str, order: Order, *, review: str = "", uid: str = "") -> str:
@@ -47,6 +50,8 @@ class Reservations:
         self._drop(key)
         self._items[key] = _Reservation(namespace, name, order, time.monotonic() + self._ttl, uid)
         self._by_name.setdefault((namespace, name), set()).add(key)
+        line = (order.namespace, order.class_name)
+        self._units[line] = self._units.get(line, 0) + order.count
         return key
 
     @contextlib.contextmanager
@@ -80,20 +85,44 @@ class Reservations:
 
     def seen(self, namespace: str, name: str) -> None:
         """The view has the device now: it counts there."""
-        for key in self._by_name.pop((namespace, name), set()):
-            self._items.pop(key, None)
+        for key in list(self._by_name.get((namespace, name), ())):
+            self._drop(key)
 
     def orders(self, excluding: str = "") -> list[Order]:
         """Every live reservation's order, but the one under `excluding` (the admission asking)."""
-        now = time.monotonic()
-        for key in [k for k, r in self._items.items() if r.expires < now]:
-            self._drop(key)
+        self._expire()
         return [r.order for k, r in self._items.items() if k != excluding]
+
+    def prior(self, excluding: str = "") -> list[Order]:
+        """What `orders` holds, as budgets count it: one order per namespace and class, its units summed. Each
+        decision counts these (§7.4), so the work is the lines reserved, not the reservations (a burst's many)."""
+        self._expire()
+        skip = self._items.get(excluding)
+        less = {} if skip is None else {(skip.order.namespace, skip.order.class_name): skip.order.count}
+        return [
+            Order(line[0], line[1], units - less.get(line, 0), f"orders reserved in namespace {line[0]}")
+            for line, units in self._units.items()
+            if units > less.get(line, 0)
+        ]
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self._items:
+            key, oldest = next(iter(self._items.items()))
+            if oldest.expires >= now:
+                return
+            self._drop(key)
 
     def _drop(self, key: str) -> None:
         old = self._items.pop(key, None)
         if old is None:
             return
+        line = (old.order.namespace, old.order.class_name)
+        left = self._units.get(line, 0) - old.order.count
+        if left > 0:
+            self._units[line] = left
+        else:
+            self._units.pop(line, None)
         keys = self._by_name.get((old.namespace, old.name), set())
         keys.discard(key)
         if not keys:

@@ -68,7 +68,7 @@ class Validation:
                 device,
                 user,
                 self.operator_user,
-                self._reservations.orders(),
+                self._reservations.prior(),
                 budgets_required=self._budgets_required,
             )
             if problem is None and held and self._reservations.holds(namespace, device.name):
@@ -104,7 +104,7 @@ class Validation:
             device,
             user,
             self.operator_user,
-            [*self._reservations.orders(excluding=key), *others],
+            [*self._reservations.prior(excluding=key), *others],
             budgets_required=self._budgets_required,
         )
 

@@ -154,7 +154,7 @@ class VMIAdmission:
             namespace,
             members,
             output=self._output,
-            prior=self._reservations.orders(),
+            prior=self._reservations.prior(),
             budgets_required=self._budgets_required,
         )
         if isinstance(planned, str):

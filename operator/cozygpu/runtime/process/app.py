@@ -88,7 +88,7 @@ class Operator:
             self.writer,
             incomplete_after=settings.bind_timeout,
             concurrency=connections,
-            reserved=self.reservations.orders,
+            reserved=self.reservations.prior,
             budgets_required=settings.budgets_required,
             guarded=settings.guarded,
             events=self.events,

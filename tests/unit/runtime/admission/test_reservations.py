@@ -136,3 +136,36 @@ def test_a_class_the_api_server_does_not_have_either_is_refused_naming_the_devic
     view.apply(kinds.NODE, node("n1", {A10: 8}))
     refusal = create(Validation(view.cluster, Reservations(ttl=30), exists=_fresh(w)), "a", 1, "acc-x")
     assert refusal == "GPUDevice a: GPUClass acc-x does not exist"
+
+
+def units(orders: list[Order]) -> dict[tuple[str, str], int]:
+    return {(o.namespace, o.class_name): o.count for o in orders}
+
+
+def test_prior_orders_are_the_reserved_units_summed_per_namespace_and_class() -> None:
+    """§7.4: decisions count one order per namespace and class, holding every reservation's units there, less the
+    admission asking (`excluding`); a reservation the view has seen counts no more."""
+    reservations = Reservations(ttl=30)
+    reservations.add("t1", "a", Order("t1", "a10", 3, "a"), review="r1")
+    reservations.add("t1", "b", Order("t1", "a10", 2, "b"), review="r2")
+    reservations.add("t1", "c", Order("t1", "l40s", 1, "c"), review="r3")
+    reservations.add("t2", "a", Order("t2", "a10", 4, "a"), review="r4")
+    assert units(reservations.prior()) == {("t1", "a10"): 5, ("t1", "l40s"): 1, ("t2", "a10"): 4}
+    assert units(reservations.prior(excluding="r2")) == {("t1", "a10"): 3, ("t1", "l40s"): 1, ("t2", "a10"): 4}
+    assert units(reservations.prior(excluding="r3")) == {("t1", "a10"): 5, ("t2", "a10"): 4}
+    reservations.seen("t1", "a")
+    reservations.cancel("r4")
+    assert units(reservations.prior()) == {("t1", "a10"): 2, ("t1", "l40s"): 1}
+
+
+def test_an_expired_reservation_leaves_the_prior_orders_and_a_renewed_one_stays() -> None:
+    """A reservation whose create never came (refused after the webhooks) stops counting once it expires; one made
+    again under its admission's key is new, and counts for a whole ttl again."""
+    expired = Reservations(ttl=-1)
+    expired.add("t1", "a", Order("t1", "a10", 3, "a"), review="r1")
+    assert expired.prior() == [] and expired.orders() == []
+    live = Reservations(ttl=30)
+    live.add("t1", "a", Order("t1", "a10", 3, "a"), review="r1")
+    live.add("t1", "b", Order("t1", "a10", 1, "b"), review="r2")
+    live.add("t1", "a", Order("t1", "a10", 2, "a"), review="r1")  # the same admission again: in place of the first
+    assert [(o.class_name, o.count) for o in live.prior()] == [("a10", 3)]
