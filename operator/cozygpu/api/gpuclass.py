@@ -68,10 +68,19 @@ class GPUClassSpec(Model):
     )
 
 
+# The most nodes `status.nodes` names; `nodeCount` counts them all. Unbounded, a class served by every node of a
+# large cloud would carry thousands of names in each status write, and every replica's watch would read them.
+MAX_CLASS_NODES = 100
+
+
 class GPUClassStatus(Model):
     """Informational: the nodes serving the class and their units."""
 
-    nodes: list[str] = Field(default_factory=list, description="Nodes that serve the class.")
+    nodes: list[str] = Field(
+        default_factory=list,
+        description=f"Nodes that serve the class, at most {MAX_CLASS_NODES}, by name; nodeCount says how many.",
+    )
+    node_count: int = Field(default=0, ge=0, description="How many nodes serve the class.")
     allocatable: int = Field(default=0, ge=0, description="Units the serving nodes have.")
     held: int = Field(default=0, ge=0, description="Units held by Bound devices of the class.")
     free: int = Field(default=0, ge=0, description="Units of the class's resource not held on serving nodes.")
@@ -89,6 +98,7 @@ class GPUClass(Resource):
             PrinterColumn("Mode", ".spec.mode"),
             PrinterColumn("Resource", ".spec.resourceName"),
             PrinterColumn("MaxCount", ".spec.maxCount", "integer"),
+            PrinterColumn("Nodes", ".status.nodeCount", "integer"),
             PrinterColumn("Free", ".status.free", "integer"),
             PrinterColumn("Ready", '.status.conditions[?(@.type=="Ready")].status'),
             AGE,

@@ -94,10 +94,9 @@ def marked(cluster: Cluster, node: str | None = None) -> list[Evacuation]:
     else's), and should that webhook be missing a mark still counts only where the platform is draining: a cordoned
     node its set is on, or was reserved off."""
     out = []
-    cordoned = cluster.capacity.cordoned()
-    for (namespace, name), mark in cluster.vmis.marked():
+    for (namespace, name), mark in cluster.vmis.marked(node):
         uid = cluster.vmis.get((namespace, name))
-        if uid is None or (node is not None and mark.node != node) or mark.node not in cordoned:
+        if uid is None or not cluster.capacity.is_cordoned(mark.node):
             continue
         if strategy(cluster, mark) != EXTERNAL:
             continue

@@ -103,7 +103,7 @@ def gpunode_status(
     """The status to write, or None when the node serves no class and no device names it. `stop_bare`: whether
     the operator stops a VMI no VM controls to evacuate it (§6.8), as the binder's evacuator does; `evacuated`:
     the count its status has, kept while the node is cordoned (`evacuated_after` adds to it)."""
-    evacuated = evacuated if name in cluster.capacity.cordoned() else 0
+    evacuated = evacuated if cluster.capacity.is_cordoned(name) else 0
     node = cluster.capacity.nodes.get(name)
     devices = list(cluster.devices.on(name))
     bound = [d for d in devices if d.holds_gpus]
@@ -174,7 +174,7 @@ def evacuated_after(cluster: Cluster, node: str) -> GPUNode | None:
     accountant's next look. None when there is no GPUNode to count on, or the node is no longer cordoned (the
     count is of this maintenance only)."""
     existing = cluster.gpunodes.get(node)
-    if existing is None or node not in cluster.capacity.cordoned():
+    if existing is None or not cluster.capacity.is_cordoned(node):
         return None
     status = existing.status.model_copy(update={"evacuated": (existing.status.evacuated or 0) + 1})
     return existing.model_copy(update={"status": status})

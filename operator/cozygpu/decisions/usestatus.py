@@ -9,10 +9,11 @@ not the cluster's size (§13). A property test holds the two equal.
 from __future__ import annotations
 
 import datetime as dt
+import heapq
 
 from cozygpu.api import Condition, ConditionStatus, GPUBudget, GPUClass, kinds
 from cozygpu.api.gpubudget import GPUBudgetStatus
-from cozygpu.api.gpuclass import GPUClassStatus
+from cozygpu.api.gpuclass import MAX_CLASS_NODES, GPUClassStatus
 from cozygpu.api.names import CONDITION_OVER_BUDGET
 from cozygpu.decisions.capacity import served_classes, taken
 from cozygpu.decisions.orders import in_flight, settle
@@ -65,7 +66,8 @@ def class_status(cluster: Cluster, cls: GPUClass) -> GPUClassStatus:
         allocatable += node.units(resource)
         taken_units += taken(cluster, name).get(resource, 0)
     return GPUClassStatus(
-        nodes=nodes,
+        nodes=sorted(nodes)[:MAX_CLASS_NODES],
+        node_count=len(nodes),
         allocatable=allocatable,
         held=cluster.capacity.held_of_class(cls.name),
         free=max(0, allocatable - taken_units),
@@ -80,6 +82,7 @@ class ClassTotals:
     def __init__(self) -> None:
         self._share: dict[str, dict[str, tuple[int, int]]] = {}  # node -> class -> (allocatable, taken)
         self._nodes: dict[str, set[str]] = {}
+        self._named: dict[str, list[str]] = {}  # the first names of `_nodes`, kept until a node joins or leaves
         self._units: dict[str, tuple[int, int]] = {}
 
     def node_changed(self, cluster: Cluster, name: str) -> set[str]:
@@ -102,6 +105,8 @@ class ClassTotals:
             moved.add(class_name)
             allocatable, taken_units = self._units.get(class_name, (0, 0))
             nodes = self._nodes.setdefault(class_name, set())
+            if (before is None) != (after is None):
+                self._named.pop(class_name, None)  # a node began or stopped serving: names again
             if before is not None:
                 allocatable, taken_units = allocatable - before[0], taken_units - before[1]
                 nodes.discard(name)
@@ -114,8 +119,13 @@ class ClassTotals:
     def status(self, cluster: Cluster, cls: GPUClass) -> GPUClassStatus:
         """`class_status`, from the totals."""
         allocatable, taken_units = self._units.get(cls.name, (0, 0))
+        nodes = self._nodes.get(cls.name, set())
+        named = self._named.get(cls.name)
+        if named is None:
+            named = self._named[cls.name] = heapq.nsmallest(MAX_CLASS_NODES, nodes)
         return GPUClassStatus(
-            nodes=sorted(self._nodes.get(cls.name, ())),
+            nodes=list(named),
+            node_count=len(nodes),
             allocatable=allocatable,
             held=cluster.capacity.held_of_class(cls.name),
             free=max(0, allocatable - taken_units),

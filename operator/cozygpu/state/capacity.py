@@ -381,5 +381,12 @@ class CapacityReads:
         self.next_idle = part.next_idle
 
     def cordoned(self) -> frozenset[str]:
-        """Nodes taken out of service (spec.unschedulable), kept per node event: what is idle there leaves (§6.8)."""
+        """Nodes taken out of service (spec.unschedulable), kept per node event: what is idle there leaves (§6.8).
+        A copy, to walk; `is_cordoned` and `any_cordoned` ask without one (per event, per node status)."""
         return frozenset(self._part.cordoned)
+
+    def is_cordoned(self, node: str) -> bool:
+        return node in self._part.cordoned
+
+    def any_cordoned(self) -> bool:
+        return bool(self._part.cordoned)

@@ -45,6 +45,7 @@ class Vmis:
         self._vm: dict[VmiKey, tuple[str, str]] = {}
         # Labelled VMIs (those with device references) KubeVirt marked for evacuation (§6.8): few, a drain's.
         self._marked: dict[VmiKey, Mark] = {}
+        self._marked_off: dict[str, set[VmiKey]] = {}  # by the node marked off: a node's status reads its own
         self._marks = 0
 
     @writes
@@ -83,14 +84,26 @@ class Vmis:
         referencing = isinstance(labels, dict) and labels.get(LABEL_DEVICE_REFERENCE) == TRUE
         node = (body.get("status") or {}).get("evacuationNodeName") if referencing else None
         if not node or not isinstance(node, str):
-            return self._marked.pop(key, None) is not None
+            return self._unmark(key)
         strategy = (body.get("spec") or {}).get("evictionStrategy")
         strategy = strategy if isinstance(strategy, str) else None
         held = self._marked.get(key)
         if held is not None and (held.node, held.strategy) == (node, strategy):
             return False
         self._marks += 1
+        self._unmark(key)
         self._marked[key] = Mark(node, strategy, held.seq if held is not None else self._marks)
+        self._marked_off.setdefault(node, set()).add(key)
+        return True
+
+    def _unmark(self, key: VmiKey) -> bool:
+        held = self._marked.pop(key, None)
+        if held is None:
+            return False
+        keys = self._marked_off.get(held.node, set())
+        keys.discard(key)
+        if not keys:
+            self._marked_off.pop(held.node, None)
         return True
 
     def _names_in(self, key: VmiKey, meta: dict[str, Any]) -> frozenset[str]:
@@ -120,7 +133,7 @@ class Vmis:
         self._names.pop(key, None)
         self._read.pop(key, None)
         self._vm.pop(key, None)
-        self._marked.pop(key, None)
+        self._unmark(key)
         return held
 
     def vm_of(self, namespace: str, vmi: str) -> tuple[str, str] | None:
@@ -130,9 +143,11 @@ class Vmis:
     def mark_of(self, key: VmiKey) -> Mark | None:
         return self._marked.get(key)
 
-    def marked(self) -> list[tuple[VmiKey, Mark]]:
-        """The VMIs with device references marked for evacuation (§6.8), the first marked first."""
-        return sorted(self._marked.items(), key=lambda item: item[1].seq)
+    def marked(self, node: str | None = None) -> list[tuple[VmiKey, Mark]]:
+        """The VMIs with device references marked for evacuation (§6.8), off `node` (every node if None), the first
+        marked first."""
+        keys = self._marked if node is None else self._marked_off.get(node, ())
+        return sorted(((k, self._marked[k]) for k in keys), key=lambda item: item[1].seq)
 
     def names_device(self, namespace: str, vmi: str, device: str) -> bool:
         """Whether the VMI of this name that the view has names the device among its references (§14.2)."""

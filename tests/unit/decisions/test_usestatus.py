@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cozygpu.api import ConditionStatus, GPUBudget, GPUClass, kinds
+from cozygpu.api.gpuclass import MAX_CLASS_NODES
 from cozygpu.decisions.orders import due
 from cozygpu.decisions.usestatus import ClassTotals, budget_status, class_status
 from cozygpu.runtime.view import View
@@ -79,6 +80,25 @@ def test_class_status_sums_serving_nodes() -> None:
     )
     status = class_status(c, GPUClass.from_wire(gpu_class("a10")))
     assert (status.nodes, status.allocatable, status.held, status.free) == (["n1", "n2"], 6, 3, 3)
+
+
+def test_a_class_served_by_many_nodes_names_the_first_hundred_and_counts_them_all() -> None:
+    """A class's status stays one size however many nodes serve it: the first MAX_CLASS_NODES names and nodeCount;
+    the kept totals name them again only when a node joins or leaves, the same as the walk over every node."""
+    names = [f"n{i:03}" for i in range(MAX_CLASS_NODES + 20)]
+    c = cluster(nodes=[node(n, {A10: 1}) for n in names], classes=[gpu_class("a10")])
+    totals = ClassTotals()
+    for n in names:
+        totals.node_changed(c, n)
+    cls = GPUClass.from_wire(gpu_class("a10"))
+    status = totals.status(c, cls)
+    assert (status.nodes, status.node_count, status.allocatable) == (names[:MAX_CLASS_NODES], len(names), len(names))
+    assert status == class_status(c, cls)
+    View(c).apply(kinds.NODE, {"metadata": {"name": "n000"}}, deleted=True)
+    totals.node_changed(c, "n000")
+    after = totals.status(c, cls)
+    assert (after.nodes, after.node_count) == (names[1 : MAX_CLASS_NODES + 1], len(names) - 1)
+    assert after == class_status(c, cls)
 
 
 def test_budget_model_round_trip_keeps_status() -> None:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cozygpu.api import kinds
 from cozygpu.api.kubevirt import KubeVirtConfig
+from cozygpu.api.names import LABEL_DEVICE_REFERENCE, TRUE
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import KINDS, Cluster
 from tests.support.views import A10, EPOCH, L40S, budget, cluster, device, gpu_class, node, pod, request
@@ -364,3 +365,37 @@ def test_a_node_with_a_thousand_units_is_read_as_the_api_server_writes_it() -> N
     body["status"]["allocatable"][A10] = "1k"
     c = cluster(nodes=[body], classes=[gpu_class("a10")])
     assert c.capacity.nodes["n1"].allocatable[A10] == 1000 and c.capacity.most_units(A10) == 1000
+
+
+def _marked_vmi(name: str, off: str | None, version: int) -> dict[str, Any]:
+    """A VMI with device references, marked for evacuation off `off` (None: not marked)."""
+    return {
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {
+            "name": name,
+            "namespace": "t1",
+            "uid": f"u-{name}",
+            "resourceVersion": str(version),
+            "labels": {LABEL_DEVICE_REFERENCE: TRUE},
+        },
+        "status": {"evacuationNodeName": off} if off else {},
+    }
+
+
+def test_evacuation_marks_are_read_per_node_the_first_marked_first() -> None:
+    """§6.8: a node's marks come from an index by node, oldest first; a VMI marked again off another node leaves
+    the first node's, and one unmarked or gone leaves both."""
+    view = View(Cluster())
+    for version, (name, off) in enumerate([("a", "n1"), ("b", "n2"), ("c", "n1")], start=1):
+        view.apply(kinds.VMI, _marked_vmi(name, off, version))
+
+    def marked_off(node: str | None) -> list[str]:
+        return [key[1] for key, _ in view.cluster.vmis.marked(node)]
+
+    assert (marked_off("n1"), marked_off("n2"), marked_off(None)) == (["a", "c"], ["b"], ["a", "b", "c"])
+    view.apply(kinds.VMI, _marked_vmi("a", "n2", 4))
+    assert (marked_off("n1"), marked_off("n2")) == (["c"], ["a", "b"])
+    view.apply(kinds.VMI, _marked_vmi("c", None, 5))
+    view.apply(kinds.VMI, _marked_vmi("b", "n2", 6), deleted=True)
+    assert (marked_off("n1"), marked_off("n2"), marked_off(None)) == ([], ["a"], ["a"])

@@ -80,7 +80,8 @@ class Mover:
     def heard_nodes(self, nodes: frozenset[str], room: frozenset[str]) -> bool:
         """A change named these nodes and left room in these classes: whether idle devices may leave a cordoned node
         now (one was cordoned, or room appeared for a class one of them waits on). Nothing else wakes it (§14.3)."""
-        if (nodes & self._cluster.capacity.cordoned()) or (room & self._stuck):
+        cordoned = self._cluster.capacity.is_cordoned
+        if any(cordoned(node) for node in nodes) or (room & self._stuck):
             self._evacuation_due = True
         return self._evacuation_due
 
@@ -92,7 +93,7 @@ class Mover:
         if not self._evacuation_due:
             return
         self._evacuation_due = False
-        if not self._cluster.capacity.cordoned():
+        if not self._cluster.capacity.any_cordoned():
             self._stuck = set()
             return
         moves = leaving(self._cluster, self._idle_after, self._pacing.room, self._pacing.left())
@@ -137,7 +138,7 @@ class Mover:
 
     def _moving(self) -> bool:
         """Whether idle devices may move at all now: for someone else (§5.7), or off a cordoned node (§6.8)."""
-        return self.limit > 0 or bool(self._cluster.capacity.cordoned())
+        return self.limit > 0 or self._cluster.capacity.any_cordoned()
 
     def heard(self, reach: frozenset[str]) -> frozenset[str]:
         """Classes where a node's free plus idle units rose: those to decide again now, since the idle devices there
@@ -154,7 +155,7 @@ class Mover:
         after, self._ripened = self._ripened, until
         if after is None or until <= after:
             return frozenset()
-        if self._cluster.capacity.cordoned():
+        if self._cluster.capacity.any_cordoned():
             self._evacuation_due = True  # a device on a cordoned node (which serves no class) may have ripened
         return frozenset(self._cluster.capacity.turned_idle(after, until)) if self.limit > 0 else frozenset()
 
