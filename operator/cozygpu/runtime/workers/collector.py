@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import functools
+import heapq
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -57,6 +58,9 @@ class Collector:
         self._wake = asyncio.Event()
         # Devices waiting on a grace period, and when it runs out: the next wake-up.
         self._due: dict[DeviceKey, dt.datetime] = {}
+        # The same, soonest first; an entry `_due` no longer holds is skipped when it comes up (thousands wait in
+        # a mass restart's grace period: a pass takes the due ones off the top, not a walk over all).
+        self._due_order: list[tuple[dt.datetime, DeviceKey]] = []
 
     # -- what events touch ---------------------------------------------------
 
@@ -106,9 +110,24 @@ class Collector:
                     await self._wake.wait()
 
     def _until_due(self) -> float:
-        if not self._due:
+        soonest = self._soonest()
+        if soonest is None:
             return float("inf")
-        return max(0.0, (min(self._due.values()) - utcnow()).total_seconds()) + 0.05
+        return max(0.0, (soonest - utcnow()).total_seconds()) + 0.05
+
+    def _soonest(self) -> dt.datetime | None:
+        while self._due_order:
+            when, key = self._due_order[0]
+            if self._due.get(key) == when:
+                return when
+            heapq.heappop(self._due_order)  # moved or no longer due
+        return None
+
+    def _take_due(self, now: dt.datetime) -> set[DeviceKey]:
+        due = set()
+        while (soonest := self._soonest()) is not None and soonest <= now:
+            due.add(heapq.heappop(self._due_order)[1])
+        return due
 
     async def _drain(self) -> None:
         classes, self._dirty_classes = self._dirty_classes, set()
@@ -118,7 +137,8 @@ class Collector:
                 await self._fix_class(cls)
         now = utcnow()
         keys, self._dirty = self._dirty, set()  # what events mark meanwhile waits for the next pass
-        for key in sorted(keys | {k for k, when in self._due.items() if when <= now}):
+        taken = self._take_due(now)
+        for key in sorted(keys | taken):
             device = self._cluster.devices.get(key)
             if device is not None:
                 await self._settle(device, now)
@@ -126,8 +146,9 @@ class Collector:
             when = lifecycle.due(after, self._grace, now) if after is not None else None
             if when is None:
                 self._due.pop(key, None)
-            else:
+            elif self._due.get(key) != when or key in taken:
                 self._due[key] = when
+                heapq.heappush(self._due_order, (when, key))
 
     # -- devices --------------------------------------------------------------
 
