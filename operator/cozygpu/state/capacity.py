@@ -101,16 +101,21 @@ class Capacity:
         for resource in set(node.allocatable) | set(old.allocatable if old else ()):
             self._reorder(node.name, resource)
         if old is None or dataclasses.replace(old, resource_version=node.resource_version) != node:
-            self._served |= self.serving._node_changed(old, node, self._classes, self.free_units)
+            self._node_changed(old, node)
             return True
         return False
+
+    def _node_changed(self, old: NodeInfo | None, new: NodeInfo | None) -> None:
+        started, reasons = self.serving._node_changed(old, new, self._classes, self.free_units)
+        self._room |= started  # a node that began serving a class: its free units wake what fits (§5.5)
+        self._served |= reasons
 
     @writes
     def pop_node(self, name: str, removal: str | None) -> NodeInfo | None:
         old = self.nodes.pop(name, removal)
         self.cordoned.discard(name)
         self._unindex_node(old)
-        self._served |= self.serving._node_changed(old, None, self._classes, self.free_units)
+        self._node_changed(old, None)
         for resource in old.allocatable if old else ():
             self._reorder(name, resource)
         return old

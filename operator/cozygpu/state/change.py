@@ -22,7 +22,8 @@ class Change:
     `nodes` and `namespaces` name where derived status may differ now (GPUNode §8, budget use §9);
     `all_nodes` when a class changed, since any node may serve it or stop serving it. `room` names the
     classes where a waiting device may fit now (units freed, a node started serving, §5.5); `served` the
-    classes whose serving nodes changed, so a waiting device's reason may read differently; `guests_gone` the
+    classes whose waiting devices' reasons may read differently (no node had the class's resource and one has,
+    or the other way round; the class changed or became ready), so every one is decided again; `guests_gone` the
     VMIs whose last launcher pod stopped holding units, so their sets may be released now (§6.7); `reach` the
     classes where free plus idle held units rose on a serving node, so idle moves may make room now (§5.7)."""
 

@@ -93,12 +93,16 @@ class ServingIndex:
 
     def _node_changed(
         self, old: NodeInfo | None, new: NodeInfo | None, classes: Mapping[str, GPUClass], free: Free
-    ) -> set[str]:
-        """A node appeared, changed or went: the classes it started or stopped serving. Room on a node that
-        serves a class before and after comes through `free`. Costs the classes of its resources, not the nodes."""
+    ) -> tuple[set[str], set[str]]:
+        """A node appeared, changed or went: the classes it started serving (room: its free units), and those whose
+        waiting devices read another reason now (no node had the class's resource and one has, or the other way
+        round: `placement._unplaced`). A node that stopped serving, or one of many that has the resource, changes
+        no waiting device's prospects nor its reason: a flap must not cost a decision per waiting device of a class
+        thousands wait for. Room on a node that serves a class before and after comes through `free`. Costs the
+        classes of its resources, not the nodes."""
         node = new if new is not None else old
         if node is None:
-            return set()
+            return set(), set()
         name = node.name
         before = self._serves.pop(name, frozenset())
         after = serving(new, classes.values()) if new is not None else frozenset()
@@ -107,14 +111,14 @@ class ServingIndex:
         touched = set(before) | set(after)
         for r in set(old.allocatable if old else ()) | set(new.allocatable if new else ()):
             touched |= self._classes_of.get(r, set())
+        had = {c for c in touched if any(self.counts(c))}
         for c in touched:
             self._leave(c, name)
             if c in after:
                 self._enter(c, name, free(name, self._resource[c]))
             elif new is not None and self._resource.get(c) in new.allocatable:
                 bisect.insort(self._unserved.setdefault(c, []), name)
-        # A node that has the resource without serving the class changes no waiting device's prospects.
-        return set(before ^ after)
+        return set(after - before), {c for c in touched if any(self.counts(c)) != (c in had)}
 
     def _units_changed(self, node: str, resource: str, now: int) -> set[str]:
         """The node's free units of the resource moved to `now`: the classes that gained room."""

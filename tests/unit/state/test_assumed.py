@@ -62,13 +62,16 @@ def test_settling_an_earlier_assumption_leaves_a_later_one_in_place() -> None:
 
 def test_a_node_heartbeat_is_no_capacity_change() -> None:
     """The same node at a newer version, nothing a decision reads changed: no retry of waiting devices.
-    More allocatable is room; a cordon is a change of who serves the class, not room."""
+    More allocatable is room; a cordon is neither room nor a reason read anew (the node keeps the resource), and
+    its end is room again (the node serves once more)."""
     c = cluster(nodes=[with_version(node("n1", {A10: 2}), 1)], classes=[gpu_class("a10")])
     assert View(c).apply(kinds.NODE, with_version(node("n1", {A10: 2}), 2)).room == frozenset()
     grown = View(c).apply(kinds.NODE, with_version(node("n1", {A10: 3}), 3))
     assert (grown.room, grown.served) == ({"a10"}, frozenset())
     cordoned = View(c).apply(kinds.NODE, with_version(node("n1", {A10: 3}, unschedulable=True), 4))
-    assert (cordoned.room, cordoned.served) == (frozenset(), {"a10"})
+    assert (cordoned.room, cordoned.served) == (frozenset(), frozenset())
+    uncordoned = View(c).apply(kinds.NODE, with_version(node("n1", {A10: 3}), 5))
+    assert (uncordoned.room, uncordoned.served) == ({"a10"}, frozenset())
 
 
 ALLOCATABLE = {"n1": 4, "n2": 3}  # units of A10 per node

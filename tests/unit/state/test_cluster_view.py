@@ -51,14 +51,15 @@ def test_open_requests_are_indexed_until_answered() -> None:
 
 def test_room_is_named_only_where_units_were_freed_and_serving_where_a_node_started_serving() -> None:
     """§5.5, §14.3: a Bound device deleted frees room for the classes its node serves; a waiting device
-    deleted or a bind frees none; a new node names the classes it serves, a node that serves nothing none."""
+    deleted or a bind frees none; a new node is room for the classes it serves (and, the first with their
+    resource, a reason read anew), a node that serves nothing names none."""
     c = cluster(nodes=[node("n1", {A10: 2})], classes=[gpu_class("a10"), gpu_class("l40s", L40S)])
     assert View(c).apply(kinds.GPU_DEVICE, device("a", phase="Bound", node_name="n1")).room == frozenset()
     assert View(c).apply(kinds.GPU_DEVICE, device("w", phase="Pending")).room == frozenset()
     assert View(c).apply(kinds.GPU_DEVICE, device("w", phase="Pending"), deleted=True).room == frozenset()
     assert View(c).apply(kinds.GPU_DEVICE, device("a", phase="Bound", node_name="n1"), deleted=True).room == {"a10"}
     added = View(c).apply(kinds.NODE, node("n2", {L40S: 4}))
-    assert (added.room, added.served) == (frozenset(), {"l40s"})
+    assert (added.room, added.served) == ({"l40s"}, {"l40s"})
     down = View(c).apply(kinds.NODE, node("n3", {A10: 1}, ready=False))
     assert (down.room, down.served) == (frozenset(), frozenset())
 

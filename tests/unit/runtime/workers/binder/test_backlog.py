@@ -139,6 +139,23 @@ def test_a_backlog_no_node_serves_is_never_visited_by_another_tenants_churn() ->
         assert sum(n for n, _ in passes) == 0
 
 
+def test_a_node_flapping_does_not_decide_a_classes_whole_backlog_again() -> None:
+    """§14.3: 300 devices wait for 9 units no node has; one of 200 nodes goes NotReady and comes back, again and
+    again: nothing is decided (their reason reads the same), where each flap decided all 300 before."""
+    c = cluster(
+        nodes=[node(f"n{i:04}", {A10: 8}) for i in range(200)],
+        classes=[gpu_class("a10")],
+        devices=[device(f"w{i:04}", count=9, namespace="a", created=i) for i in range(300)],
+    )
+    b = Binder(c)
+    b.settle()
+    assert all(d.status.phase is not None for d in c.devices.values())
+    for i in range(10):
+        flapped = node("n0007", {A10: 8}, ready=i % 2 == 1)
+        b.apply(kinds.NODE, {**flapped, "metadata": {**flapped["metadata"], "resourceVersion": rv()}})
+        assert sum(n for n, _ in b.settle()) == 0
+
+
 def test_an_unplaceable_device_is_found_so_without_a_scan() -> None:
     """§14.3: a new device no node can take costs the reasons shown, not a look at every node; its message is
     the one a scan of every node writes."""
@@ -232,8 +249,9 @@ def random_event(b: Binder, rnd: random.Random, step: int) -> None:
 @given(st.integers(0, 2**32 - 1))
 def test_after_any_events_the_index_holds_and_nothing_placeable_is_left_waiting(seed: int) -> None:
     """Random nodes, classes, pods and devices coming and going: after each event's passes the serving index
-    equals the rule, every waiting device has been decided, and none of them fits anywhere (a full scan
-    agrees: the passes that skip what cannot fit miss nothing that can)."""
+    equals the rule, every waiting device has been decided, none of them fits anywhere (a full scan
+    agrees: the passes that skip what cannot fit miss nothing that can), and each says why as a scan would now
+    (a node's change decides a class's whole backlog again only where that reason reads differently)."""
     rnd = random.Random(seed)
     b = Binder(cluster(classes=[gpu_class(n, r) for n, r in CLASSES.items()]))
     b.settle()
@@ -244,7 +262,9 @@ def test_after_any_events_the_index_holds_and_nothing_placeable_is_left_waiting(
         for d in list(b.c.devices.values()):
             if d.awaits_node:
                 assert d.status.phase is not None, d.name
-                assert not isinstance(place_scanning(b.c, [d]), Placement), d.name
+                outcome = place_scanning(b.c, [d])
+                assert not isinstance(outcome, Placement), d.name
+                assert (d.status.message or "").endswith(outcome.message), (d.name, d.status.message)
 
 
 def test_waiting_devices_by_class_and_size_are_what_the_view_holds() -> None:
