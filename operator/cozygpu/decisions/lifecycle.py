@@ -180,7 +180,7 @@ def class_action(cluster: Cluster, cls: GPUClass) -> Do | None:
     has = FINALIZER_IN_USE in cls.metadata.finalizers
     if not cls.deleting and not has:
         return Do.ADD_FINALIZER
-    if cls.deleting and has and not cluster.devices.of_class(cls.name):
+    if cls.deleting and has and not cluster.devices.count_of_class(cls.name):
         return Do.REMOVE_FINALIZER
     return None
 

@@ -69,7 +69,7 @@ def class_update(cluster: Cluster, old: GPUClass, new: GPUClass) -> str | None:
     """§9.2: resourceName (and, by the same reasoning, mode) is fixed while devices name the class."""
     if old.spec.resource_name == new.spec.resource_name and old.spec.mode == new.spec.mode:
         return None
-    named = len(cluster.devices.of_class(new.name))
+    named = cluster.devices.count_of_class(new.name)
     if not named:
         return None
     field = "resourceName" if old.spec.resource_name != new.spec.resource_name else "mode"

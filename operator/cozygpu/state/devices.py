@@ -238,6 +238,10 @@ class Devices:
     def keys_of_class(self, name: str) -> list[DeviceKey]:
         return list(self._by_class.get(name, ()))
 
+    def count_of_class(self, name: str) -> int:
+        """How many devices name the class, without listing them (a class's finalizer, its webhook)."""
+        return len(self._by_class.get(name, ()))
+
     def named_by_open_request(self, namespace: str, name: str) -> bool:
         """Whether some open bind request names the device, whether or not it carries the request yet (§4)."""
         return (namespace, name) in self._named_open
@@ -309,6 +313,7 @@ class DeviceReads(ReadOnly[DeviceKey, GPUDevice]):
         self.of_request = part.of_request
         self.attached_to = part.attached_to
         self.of_class = part.of_class
+        self.count_of_class = part.count_of_class
         self.named_by_open_request = part.named_by_open_request
         self.assumed = part.assumed
         self.open_request_ids = part.open_request_ids
