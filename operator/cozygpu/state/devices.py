@@ -65,6 +65,8 @@ class Devices:
         # Pending and Lost devices by (class, phase), in the order they began to wait (`waiting_since`).
         self._since: dict[tuple[str, Phase], list[Since]] = {}
         self._since_of: dict[DeviceKey, tuple[tuple[str, Phase], Since]] = {}
+        # Devices per (class, phase; None: not decided on yet), for the metrics: a scrape reads no device (§10).
+        self._phases: dict[tuple[str, Phase | None], int] = {}
         # Decisions whose writes are in flight (§13.1): the version each was decided on, and its token.
         self._assumed: dict[DeviceKey, tuple[int, int]] = {}
         self._assumptions = 0
@@ -111,6 +113,7 @@ class Devices:
         return True
 
     def _index(self, key: DeviceKey, device: GPUDevice) -> None:
+        add_count(self._phases, (device.spec.class_name, device.status.phase), 1)
         if device.status.node_name:
             self._by_node[device.status.node_name].add(key)
         self._by_namespace[key[0]].add(key)
@@ -139,6 +142,7 @@ class Devices:
             self._since_of[key] = (line, entry)
 
     def _unindex(self, key: DeviceKey, device: GPUDevice) -> None:
+        add_count(self._phases, (device.spec.class_name, device.status.phase), -1)
         since = self._since_of.pop(key, None)
         if since is not None:
             line, entry = since
@@ -254,6 +258,10 @@ class Devices:
         """Ids of bind requests that some device carries without a result."""
         return list(self._open_requests)
 
+    def by_phase(self) -> dict[tuple[str, Phase | None], int]:
+        """How many devices per class and phase (None: not decided on yet), kept as devices change."""
+        return dict(self._phases)
+
     def open_request_count(self) -> int:
         """How many bind requests some device carries without a result (no copy: read per admission)."""
         return len(self._open_requests)
@@ -318,6 +326,7 @@ class DeviceReads(ReadOnly[DeviceKey, GPUDevice]):
         self.assumed = part.assumed
         self.open_request_ids = part.open_request_ids
         self.open_request_count = part.open_request_count
+        self.by_phase = part.by_phase
         # The waiting room (§5.5): what the binder hands out next, and what the metrics read (§10).
         self.unbound_in_turn = part.unbound_in_turn
         self.waiting = part.waiting

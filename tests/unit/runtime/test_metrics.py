@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Any
 
@@ -152,3 +153,28 @@ def test_readiness_and_leadership_are_read_from_the_process_at_scrape_time() -> 
     assert (scrape(metrics)[("cozygpu_ready", ())], scrape(metrics)[("cozygpu_leader", ())]) == (1, 0)
     state["leading"] = True
     assert scrape(metrics)[("cozygpu_leader", ())] == 1
+
+
+def test_the_served_scrape_written_off_the_loop_says_what_one_written_at_once_says() -> None:
+    """/metrics reads the figures on the event loop and writes the text in a thread: the same text."""
+    metrics = Metrics(view())
+    off_loop, content_type = asyncio.run(metrics.render_off_loop())
+    at_once, _ = metrics.render()
+    assert content_type.startswith("text/plain")
+    assert off_loop == at_once and b'cozygpu_devices{class="a10",phase="Bound"} 1.0' in at_once
+
+
+def test_devices_by_phase_are_counted_as_they_change_and_equal_a_recount() -> None:
+    """The devices-by-phase gauge comes from counts the view keeps, never a walk over every device at scrape time:
+    after devices appear, change phase, move and go, the counts equal a recount."""
+    c = view()
+    v = View(c)
+    v.apply(kinds.GPU_DEVICE, device("waiting", phase="Bound", node_name="n1"))
+    v.apply(kinds.GPU_DEVICE, device("new", phase="Pending"))
+    v.apply(kinds.GPU_DEVICE, device("bound", count=2, phase="Bound", node_name="n1"), deleted=True)
+    v.apply(kinds.GPU_DEVICE, device("more", "a10", phase="Lost", node_name="gone"))
+    recount: dict[tuple[str, Any], int] = {}
+    for d in c.devices.values():
+        recount[(d.spec.class_name, d.status.phase)] = recount.get((d.spec.class_name, d.status.phase), 0) + 1
+    assert c.devices.by_phase() == recount
+    assert scrape(Metrics(c))[("cozygpu_devices", (("class", "a10"), ("phase", "Bound")))] == 1

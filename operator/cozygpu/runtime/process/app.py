@@ -173,7 +173,7 @@ class Operator:
             settings.health_host,
             settings.health_port,
             self.readiness,
-            self.metrics.render,
+            self.metrics.render_off_loop,
             self.liveness,
             guard=MetricsGuard(self.kube) if settings.metrics_auth else None,
         )

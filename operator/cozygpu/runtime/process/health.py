@@ -56,7 +56,7 @@ class HealthServer:
         host: str,
         port: int,
         ready: Callable[[], tuple[bool, str]],
-        metrics: Callable[[], tuple[bytes, str]] | None = None,
+        metrics: Callable[[], Awaitable[tuple[bytes, str]]] | None = None,
         alive: Callable[[], tuple[bool, str]] = lambda: (True, ""),
         *,
         guard: Guard | None = None,
@@ -86,7 +86,7 @@ class HealthServer:
             if status != 200:
                 headers = {"WWW-Authenticate": 'Bearer realm="metrics"'} if status == 401 else None
                 return web.Response(text=why, status=status, headers=headers)
-        body, content_type = self._metrics()
+        body, content_type = await self._metrics()
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def start(self) -> None:
