@@ -258,3 +258,32 @@ def test_a_class_keeps_its_finalizer_until_no_device_names_it() -> None:
 
     added, early, released = asyncio.run(scenario())
     assert added and not early and released
+
+
+def test_a_sweep_over_many_devices_hands_the_event_loop_back_as_it_goes() -> None:
+    """§14.3: the sweep looks at every device (nothing to do for any here), and other tasks run in between, not only
+    once it is over: a 300-device sweep lets a ticker in at least every 64 devices."""
+    collector, _, view, kube = _collector()
+    for i in range(300):
+        _seen(view, kube, device(f"d{i:03}"))
+
+    async def sweep() -> int:
+        ticks = 0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        collector._dirty |= set(view.cluster.devices)
+        await collector._drain()
+        done = True
+        await task
+        return ticks - before
+
+    assert asyncio.run(sweep()) >= 300 // 64
