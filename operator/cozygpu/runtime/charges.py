@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +40,7 @@ from cozygpu.api.meta import now as utcnow
 from cozygpu.decisions import orders
 from cozygpu.decisions.orders import Claim, Order
 from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube
+from cozygpu.runtime.breath import Breath
 from cozygpu.runtime.writes import Body, Outcome, State, Step, Writer
 from cozygpu.state.cluster import Cluster
 
@@ -52,8 +52,6 @@ ATTEMPTS = 20
 # until some are counted or expire, so creates that never come cannot make a budget's writes, and every replica's
 # reading of them, grow without bound where its limits are large (§14). A burst's orders leave within a second.
 RECORD_MOST = 512
-# A moment's decisions yield to the event loop after this many, or this long (§14.3: a pass yields every 2 ms).
-YIELD_EVERY, YIELD_AFTER = 32, 0.002
 
 BudgetKey = tuple[str, str]
 # An order's check on one budget, with the orders recorded elsewhere that this process counts nowhere: the refusal.
@@ -192,12 +190,10 @@ class Charges:
             others.update(orders.settle(self._cluster, covered, now, self._mine)[1])
         new: dict[Claim, Order] = {}
         withdrawn: set[Claim] = set()
-        last = time.monotonic()
+        breathe = Breath(every=32)  # a burst's moment decides many orders: the loop serves others meanwhile
         # Newest first: of binds that together overrun the budget, the newest gives way (the older ones stay).
-        for i, turn in enumerate(reversed(batch)):
-            if i % YIELD_EVERY == YIELD_EVERY - 1 or time.monotonic() - last > YIELD_AFTER:
-                await asyncio.sleep(0)  # a burst's moment decides many orders: the loop serves others meanwhile
-                last = time.monotonic()
+        for turn in reversed(batch):
+            await breathe()
             if turn.done.done():
                 continue  # its caller gave up: left out
             if turn.decide is None:

@@ -26,6 +26,7 @@ from cozygpu.decisions.nodestatus import gpunode_status
 from cozygpu.decisions.orders import counted, due
 from cozygpu.decisions.usestatus import ClassTotals, budget_status
 from cozygpu.kube.adapter import ApiError
+from cozygpu.runtime.breath import Breath
 from cozygpu.runtime.writes import Body, State, Step, Writer
 from cozygpu.state.cluster import Change, Cluster
 
@@ -85,7 +86,9 @@ class Accountant:
             dirty, self._nodes = self._nodes | self._retry, set()
             namespaces, self._namespaces = self._namespaces, set()
             self._retry = set()
+            breathe = Breath(every=64)  # every node after a class's change: not at a stretch (§14.3)
             for name in sorted(dirty):
+                await breathe()
                 self._classes |= self._totals.node_changed(self._cluster, name)
                 try:
                     await self._sync(name)

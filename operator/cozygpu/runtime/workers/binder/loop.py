@@ -29,6 +29,7 @@ from cozygpu.decisions.orders import Order
 from cozygpu.decisions.placement import Placement, place
 from cozygpu.decisions.requests import Answer, Assessment, Wait, assess, judge
 from cozygpu.decisions.waiting import fits_now, lost, overtakes, to_decide
+from cozygpu.runtime.breath import Breath
 from cozygpu.runtime.charges import Charges
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
@@ -44,8 +45,6 @@ from cozygpu.state.cluster import Change, Cluster
 
 log = structlog.get_logger("cozygpu.binder")
 
-# A pass hands the event loop back at least this often (§14.3): probes, watches and admissions go on.
-YIELD_EVERY = 0.002
 # What an answer's write did on each device of the set, by name: True landed, False someone wrote first, or the
 # API's failure.
 Landed = dict[str, bool | BaseException]
@@ -85,7 +84,7 @@ class Binder:
         self._guarded = guarded
         self._events = events
         self._metrics = metrics
-        self._yielded = time.monotonic()
+        self._breathe = Breath()
         self.queue = WaitingRoom(cluster)
         # Writes in flight, bounded so decisions never run far ahead of the API, and to half the
         # client's pool: admissions, the accountant and the collector get the other half.
@@ -136,12 +135,6 @@ class Binder:
         if self.evacuator.heard(change):
             self.queue.poke()
 
-    async def _breathe(self) -> None:
-        """Hand the event loop back when this task has held it for YIELD_EVERY."""
-        if time.monotonic() - self._yielded >= YIELD_EVERY:
-            await asyncio.sleep(0)
-            self._yielded = time.monotonic()
-
     async def run(self) -> None:
         """Decide until cancelled; called once the cluster view has synced. Cancelling it cancels
         the writes in flight too: a replica that lost the Lease must stop writing at once (§10)."""
@@ -164,7 +157,7 @@ class Binder:
 
     async def step(self) -> bool:
         """One pass over everything undecided; True when a request is still being written."""
-        self._yielded = time.monotonic()
+        self._breathe.restart()
         self.queue.ripened(self.mover.ripe())  # here, so a step that fails before the waiting room cannot spin
         await self._writer.recheck()
         self.queue.asked = False

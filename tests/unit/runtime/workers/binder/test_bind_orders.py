@@ -11,13 +11,13 @@ import pytest
 
 from cozygpu.api import kinds
 from cozygpu.api.meta import now
-from cozygpu.runtime import charges
+from cozygpu.runtime import breath, charges
 from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Validation
 from cozygpu.runtime.charges import Charges
 from cozygpu.runtime.view import View
-from cozygpu.runtime.workers.binder import Binder, loop
+from cozygpu.runtime.workers.binder import Binder
 from cozygpu.runtime.writes import Writer
 from tests.support.memkube import MemKube
 from tests.support.views import A10, budget, cluster, created, device, gpu_class, node, request
@@ -168,7 +168,7 @@ def test_the_newest_bind_gives_way_even_when_the_oldest_is_charged_alone(monkeyp
     """The binder hands the loop back between the two decisions, so the budget's moment holds the oldest bind alone
     while the newest is already counted in the view: the newest still gives way (the oldest was refused so, now and
     then, when a pass ran long)."""
-    monkeypatch.setattr(loop, "YIELD_EVERY", 0.0)  # a pass hands the loop back before every request
+    monkeypatch.setattr(breath, "HELD_MOST", 0.0)  # a pass hands the loop back before every request
     first, later = _two_binds_with_one_unit_held_elsewhere()
     assert (first["phase"], later["status"]) == ("Bound", "Failed"), (first, later)
 
