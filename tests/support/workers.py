@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from cozygpu.api import kinds
@@ -68,3 +68,22 @@ async def posted(kube: MemKube, namespace: str, reason: str) -> int:
     """Events of `reason` in the API, once the recorder's posters had a moment to post what is queued."""
     await asyncio.sleep(0.05)
     return sum(1 for e in await kube.list(kinds.kind("Event"), namespace) if e["reason"] == reason)
+
+
+async def ticks_during(work: Callable[[], Awaitable[object]]) -> int:
+    """How often another task got the event loop while `work` ran: a long pass that never yields lets in none."""
+    ticks, done = 0, False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    before = ticks
+    await work()
+    done = True
+    await task
+    return ticks - before

@@ -8,26 +8,17 @@ import pytest
 
 from cozygpu.runtime import breath
 from cozygpu.runtime.breath import Breath
+from tests.support.workers import ticks_during
 
 
 async def _ticks_during(calls: int, make: Breath) -> int:
     """How often another task ran while a pass called `make` this many times."""
-    ticks, done = 0, False
 
-    async def ticker() -> None:
-        nonlocal ticks
-        while not done:
-            ticks += 1
-            await asyncio.sleep(0)
+    async def one_pass() -> None:
+        for _ in range(calls):
+            await make()
 
-    task = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    before = ticks
-    for _ in range(calls):
-        await make()
-    done = True
-    await task
-    return ticks - before
+    return await ticks_during(one_pass)
 
 
 def test_a_pass_asked_to_yields_every_so_many_objects_however_fast_it_is(monkeypatch: pytest.MonkeyPatch) -> None:

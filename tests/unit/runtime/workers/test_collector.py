@@ -17,7 +17,7 @@ from cozygpu.runtime.view import View
 from cozygpu.runtime.workers.collector import Collector
 from cozygpu.runtime.writes import Writer
 from tests.support.memkube import MemKube
-from tests.support.workers import SHORT, posted, recorder, run_until
+from tests.support.workers import SHORT, posted, recorder, run_until, ticks_during
 from tests.support.writing import NS, device, writer
 
 GRACE = 60.0
@@ -267,23 +267,5 @@ def test_a_sweep_over_many_devices_hands_the_event_loop_back_as_it_goes() -> Non
     for i in range(300):
         _seen(view, kube, device(f"d{i:03}"))
 
-    async def sweep() -> int:
-        ticks = 0
-        done = False
-
-        async def ticker() -> None:
-            nonlocal ticks
-            while not done:
-                ticks += 1
-                await asyncio.sleep(0)
-
-        task = asyncio.create_task(ticker())
-        await asyncio.sleep(0)
-        before = ticks
-        collector._dirty |= set(view.cluster.devices)
-        await collector._drain()
-        done = True
-        await task
-        return ticks - before
-
-    assert asyncio.run(sweep()) >= 300 // 64
+    collector._dirty |= set(view.cluster.devices)
+    assert asyncio.run(ticks_during(collector._drain)) >= 300 // 64
