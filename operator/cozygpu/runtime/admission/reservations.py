@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from cozygpu.decisions.orders import Order
 from cozygpu.state.cluster import Change
+from cozygpu.state.counts import add as add_count
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,7 @@ class Reservations:
         self._drop(key)
         self._items[key] = _Reservation(namespace, name, order, time.monotonic() + self._ttl, uid)
         self._by_name.setdefault((namespace, name), set()).add(key)
-        line = (order.namespace, order.class_name)
-        self._units[line] = self._units.get(line, 0) + order.count
+        add_count(self._units, (order.namespace, order.class_name), order.count)
         return key
 
     @contextlib.contextmanager
@@ -117,12 +117,7 @@ class Reservations:
         old = self._items.pop(key, None)
         if old is None:
             return
-        line = (old.order.namespace, old.order.class_name)
-        left = self._units.get(line, 0) - old.order.count
-        if left > 0:
-            self._units[line] = left
-        else:
-            self._units.pop(line, None)
+        add_count(self._units, (old.order.namespace, old.order.class_name), -old.order.count)
         keys = self._by_name.get((old.namespace, old.name), set())
         keys.discard(key)
         if not keys:
