@@ -114,6 +114,14 @@ class Settings(BaseModel):
         " KubeVirt retries: one tenant cannot hold every API call and bind of the operator. Above the burst of"
         " 100 concurrent creates §13.2 admits.",
     )
+    budget_set_aside: int = Field(
+        default=8,
+        ge=0,
+        le=1024,
+        description="Units of a class a replica may set aside on a GPUBudget, at most a quarter of what the budget "
+        "has left, to admit orders within them without a write of the budget each (§7.4, §13.5); other replicas "
+        "count them until they are written as orders or let go. 0: every budgeted order writes its budgets.",
+    )
     max_idle_moves: int = Field(
         default=4,
         ge=0,

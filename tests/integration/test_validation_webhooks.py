@@ -13,7 +13,7 @@ from cozygpu.api import kinds
 from cozygpu.api.names import API_VERSION
 from cozygpu.kube import credentials
 from cozygpu.kube.adapter import ApiError, Kube
-from cozygpu.runtime.charges import CONFIG_MAP, LEDGER
+from cozygpu.runtime.process.ledger import CONFIG_MAP, LEDGER
 from tests.support.bodies import gpu_class_body, gpu_device_body, unique
 from tests.support.harness import OperatorProcess, wait_for
 from tests.support.nodes import Gpu, GPUNodeFactory

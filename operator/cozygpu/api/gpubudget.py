@@ -45,6 +45,17 @@ class BudgetOrder(Model):
     expires: Time = Field(description="When the order leaves the budget if its device never came.")
 
 
+class BudgetSetAside(Model):
+    """Units one replica set aside on the budget (§7.4), charged as orders are, under its resourceVersion: the replica
+    admits held creates and template orders within them without a write of its own per order, and writes them as
+    orders at its next write of the budget. Every other replica counts them until they expire."""
+
+    holder: str = Field(description="The replica (its identity and a mark of its process) that holds the units.")
+    class_name: str
+    units: int = Field(ge=1)
+    expires: Time = Field(description="When the units leave the budget if the replica does not write it again.")
+
+
 class GPUBudgetStatus(Model):
     """What counts against the budget now; OverBudget when that exceeds a lowered cap."""
 
@@ -54,6 +65,10 @@ class GPUBudgetStatus(Model):
         default_factory=list, description="Orders admitted and not yet counted in used (§7.4), written by the operator."
     )
     ordered_total: Units = Field(default=0, description="Units of the orders not yet counted in used.")
+    set_aside: list[BudgetSetAside] = Field(
+        default_factory=list, description="Units replicas set aside for orders they admit without a write (§7.4)."
+    )
+    set_aside_total: Units = Field(default=0, description="Units set aside by replicas, over all classes.")
     counted_through: str = Field(
         default="", description="The GPUDevices' resourceVersion through which used counts them (§7.4)."
     )
@@ -71,6 +86,7 @@ class GPUBudget(Resource):
             PrinterColumn("Total", ".spec.total", "integer"),
             PrinterColumn("Used", ".status.usedTotal", "integer"),
             PrinterColumn("Ordered", ".status.orderedTotal", "integer"),
+            PrinterColumn("SetAside", ".status.setAsideTotal", "integer"),
             PrinterColumn("OverBudget", '.status.conditions[?(@.type=="OverBudget")].status'),
             AGE,
         ),

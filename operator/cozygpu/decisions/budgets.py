@@ -6,12 +6,13 @@ one decision at a time, which is the guarantee (§7.4).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cozygpu.api import GPUBudget, GPUDevice, kinds
 from cozygpu.api.selectors import selector_matches
-from cozygpu.decisions.orders import Order
+from cozygpu.decisions.orders import Order, charged
 from cozygpu.state.cluster import Cluster
 from cozygpu.state.tombstones import version
 
@@ -59,7 +60,7 @@ def check_orders(
         budgets = covering.get(order.namespace)
         if budgets is None:
             budgets = covering[order.namespace] = covering_budgets(cluster, order.namespace)
-        for budget in budgets:
+        for budget in _spent(budgets, order):
             tally = used.setdefault(budget.key, usage(cluster, budget))
             tally[order.class_name] = tally.get(order.class_name, 0) + order.count
     for order in orders:
@@ -91,6 +92,87 @@ def check_orders(
     return None
 
 
+def _spent(budgets: list[GPUBudget], order: Order) -> list[GPUBudget]:
+    """Of the budgets covering an order's namespace, those it counts against: all, or the one it was set aside on."""
+    return budgets if order.budget is None else [b for b in budgets if b.key == order.budget]
+
+
+def room(cluster: Cluster, budget: GPUBudget, class_name: str, counted: Iterable[Order]) -> int:
+    """Units of the class an order could still take on the budget, after its use and the `counted` orders (those
+    of namespaces it covers, and those set aside on it): the least its class limit and its total leave."""
+    tally = dict(usage(cluster, budget))
+    covers: dict[str, bool] = {}
+    for order in counted:
+        if order.budget is not None:
+            if order.budget != budget.key:
+                continue
+        else:
+            if order.namespace not in covers:
+                covers[order.namespace] = any(b.key == budget.key for b in covering_budgets(cluster, order.namespace))
+            if not covers[order.namespace]:
+                continue
+        tally[order.class_name] = tally.get(order.class_name, 0) + order.count
+    left: list[int] = []
+    if (limit := budget.spec.limits.get(class_name)) is not None:
+        left.append(limit - tally.get(class_name, 0))
+    if budget.spec.total is not None:
+        left.append(budget.spec.total - sum(tally.values()))
+    return max(0, min(left, default=0))
+
+
+# How long a replica admits within units it set aside before it writes them again (or, unused, lets them go).
+WINDOW = dt.timedelta(seconds=5)
+# One replica sets aside at most this share of what a budget has left, so another racing it for the last units
+# finds most of them free, and its own set-aside shrinks as the budget fills.
+SHARE = 4
+
+
+@dataclass(frozen=True)
+class Held:
+    """Units a replica set aside on a budget for a class as its last write recorded them, how many of them it has
+    admitted orders within since, and when they expire."""
+
+    units: int
+    taken: int
+    expires: dt.datetime
+
+
+def set_aside(
+    cluster: Cluster,
+    budget: GPUBudget,
+    held: Mapping[str, Held],
+    admitted: Iterable[str],
+    counted: Sequence[Order],
+    *,
+    now: dt.datetime,
+    ttl: dt.timedelta,
+    most: int,
+    window: dt.timedelta = WINDOW,
+) -> dict[str, tuple[int, dt.datetime]]:
+    """A replica's set-asides on the budget after its write (§7.4): units per class and when they expire.
+
+    For a class it admitted in (`admitted`, or within what it `held`), a share of what the budget has left once the
+    `counted` orders are (`room`: every order but those within its own set-asides), and never less than its set-aside
+    still holds, which it may admit within while the write is in flight; they are usable for `window`, then stay
+    charged `ttl` more, as an order written on its own would. One unused whose time is up goes; one unused still in
+    its time stays as it is. None where `most` is 0 or the budget cannot refuse the class (it records nothing)."""
+    out: dict[str, tuple[int, dt.datetime]] = {}
+    wanted = set(admitted)
+    for class_name in sorted(wanted | held.keys()):
+        if not most or not charged(budget, class_name):
+            continue
+        got = held.get(class_name)
+        if got is not None and got.taken == 0 and class_name not in wanted:
+            if got.expires - ttl > now:
+                out[class_name] = (got.units, got.expires)
+            continue
+        left = got.units - got.taken if got is not None else 0
+        units = max(min(most, room(cluster, budget, class_name, counted) // SHARE), left)
+        if units > 0:
+            out[class_name] = (units, now + ttl + window)
+    return out
+
+
 @dataclass(frozen=True)
 class Overrun:
     why: str
@@ -112,7 +194,7 @@ def overrun(cluster: Cluster, extra: Sequence[Order], namespaces: Iterable[str] 
         for budget in covering_budgets(cluster, namespace):
             tallies.setdefault(budget.key, (budget, dict(usage(cluster, budget))))
     for order in extra:
-        for budget in covering_budgets(cluster, order.namespace):
+        for budget in _spent(covering_budgets(cluster, order.namespace), order):
             key = budget.key
             _, tally = tallies.setdefault(key, (budget, dict(usage(cluster, budget))))
             tally[order.class_name] = tally.get(order.class_name, 0) + order.count

@@ -17,18 +17,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from cozygpu.api import GPUBudget, kinds
-from cozygpu.api.gpubudget import BudgetOrder
+from cozygpu.api.gpubudget import BudgetOrder, BudgetSetAside
 from cozygpu.state.cluster import Cluster
 
 
 @dataclass(frozen=True)
 class Order:
-    """`count` new units of `class_name` in `namespace`; `what` names it in messages."""
+    """`count` new units of `class_name` in `namespace`; `what` names it in messages. With `budget`, units another
+    replica set aside on that budget alone: they count against it, not against the other budgets of the namespace."""
 
     namespace: str
     class_name: str
     count: int
     what: str
+    budget: tuple[str, str] | None = None
 
 
 Claim = tuple[str, str, str]  # the device an order is for: namespace, name, uid
@@ -103,11 +105,33 @@ def recorded(
     return out
 
 
-def in_flight(entries: Iterable[BudgetOrder]) -> int:
-    """Units of the recorded orders (`status.orderedTotal`)."""
-    return sum(e.count for e in entries)
+def set_aside_by_others(budget: GPUBudget, holder: str, now: dt.datetime) -> dict[Claim, Order]:
+    """The units other replicas (any holder but `holder`) set aside on the budget and that have not expired, as
+    orders counted against this budget alone."""
+    return {
+        set_aside_claim(budget, a.holder, a.class_name): Order(
+            budget.namespace or "", a.class_name, a.units, f"units set aside by {a.holder}", budget=budget.key
+        )
+        for a in budget.status.set_aside
+        if a.holder != holder and a.expires > now
+    }
 
 
-def due(entries: Iterable[BudgetOrder]) -> dt.datetime | None:
+def set_aside_claim(budget: GPUBudget, holder: str, class_name: str) -> Claim:
+    """The key units set aside count under among a moment's orders: one per budget, holder and class."""
+    return (budget.namespace or "", f"set-aside/{budget.name}/{holder}/{class_name}", "")
+
+
+def live(entries: Iterable[BudgetSetAside], now: dt.datetime) -> list[BudgetSetAside]:
+    """The set-asides that have not expired by `now`."""
+    return [a for a in entries if a.expires > now]
+
+
+def in_flight(entries: Iterable[BudgetOrder | BudgetSetAside]) -> int:
+    """Units of the recorded orders (`status.orderedTotal`), or of the set-asides (`status.setAsideTotal`)."""
+    return sum(e.count if isinstance(e, BudgetOrder) else e.units for e in entries)
+
+
+def due(entries: Iterable[BudgetOrder | BudgetSetAside]) -> dt.datetime | None:
     """When the first of these entries expires, if nothing takes it off before (None: nothing recorded)."""
     return min((e.expires for e in entries), default=None)

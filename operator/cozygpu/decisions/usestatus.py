@@ -16,14 +16,14 @@ from cozygpu.api.gpubudget import GPUBudgetStatus
 from cozygpu.api.gpuclass import MAX_CLASS_NODES, GPUClassStatus
 from cozygpu.api.names import CONDITION_OVER_BUDGET
 from cozygpu.decisions.capacity import served_classes, taken
-from cozygpu.decisions.orders import in_flight, settle
+from cozygpu.decisions.orders import in_flight, live, settle
 from cozygpu.state.cluster import Cluster
 
 
 def budget_status(cluster: Cluster, budget: GPUBudget, now: dt.datetime) -> GPUBudgetStatus:
     """Units used per class and in total; OverBudget when a lowered cap is below what is held (kept, §7.3); the
     orders recorded on it (§7.4) less those the count has taken up (`countedThrough` says how far it went), or
-    that expired by `now`."""
+    that expired by `now`; the units replicas set aside, less those that expired."""
     used = cluster.budgets.use(*budget.key)  # this view's own count: the one a replica behind falls back on
     total = sum(used.values())
     over = [
@@ -44,12 +44,15 @@ def budget_status(cluster: Cluster, budget: GPUBudget, now: dt.datetime) -> GPUB
         last_transition_time=since,
     )
     orders, _ = settle(cluster, budget.status.orders, now, lambda namespace, name, uid: False, counting=True)
+    aside = live(budget.status.set_aside, now)  # the replicas' to write; expired ones go
     return GPUBudgetStatus(
         used={c: n for c, n in sorted(used.items()) if n},
         used_total=total,
         conditions=[condition],
         orders=orders,
         ordered_total=in_flight(orders),
+        set_aside=aside,
+        set_aside_total=in_flight(aside),
         counted_through=str(cluster.progress(kinds.GPU_DEVICE)),
     )
 

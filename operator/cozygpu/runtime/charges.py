@@ -16,18 +16,23 @@ charged to them one after another, by key; refused by one, it is withdrawn from 
 Callers: runtime.admission.validation (held creates), runtime.workers.binder.confirmations
 (template binds). The accountant prunes what the count has taken up since (decisions.usestatus).
 
-Versions before this one recorded every order in one ConfigMap, `cozy-gpu-orders`. A replica
-starting takes over what it still holds (`take_over_ledger`) and counts those orders until they
-expire, and leaves the ConfigMap where an older replica cannot write it (immutable, and the
-chart's Role no longer lets it update it): in a rolling upgrade an older replica's budgeted
-orders fail closed instead of being recorded where no newer replica looks.
+A write per moment would still sit on the path of every create, and beside another tenant's burst
+that write waits for the process (§13.5). So each moment also sets aside units on the budget
+(`status.setAside`; how many: decisions.budgets.set_aside): this replica admits within them with
+no write, every other replica counts them, and its next write of the budget (ahead of need, in
+the background) records what it admitted within them as orders and sets aside again. An order
+admitted within a set-aside is charged as long as one written on its own would be: this process
+admits within units only while they stay recorded `ttl` longer. Units it stops using leave within
+a window (decisions.budgets.WINDOW); a replica that dies leaves them to expire.
+
+Orders an older version recorded in its one ConfigMap (runtime.process.ledger) count here too
+(`legacy`) until they expire.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,11 +40,11 @@ from typing import Any
 import structlog
 
 from cozygpu.api import GPUBudget, kinds
-from cozygpu.api.gpubudget import BudgetOrder
+from cozygpu.api.gpubudget import BudgetOrder, BudgetSetAside, GPUBudgetSpec
 from cozygpu.api.meta import now as utcnow
 from cozygpu.decisions import orders
+from cozygpu.decisions.budgets import WINDOW, Held, set_aside
 from cozygpu.decisions.orders import Claim, Order
-from cozygpu.kube.adapter import AlreadyExists, ApiError, AsyncKube
 from cozygpu.runtime.breath import Breath
 from cozygpu.runtime.writes import Body, Outcome, State, Step, Writer
 from cozygpu.state.cluster import Cluster
@@ -76,6 +81,29 @@ class _Turn:
     seen: dict[Claim, Order] = field(default_factory=dict)
 
 
+@dataclass(eq=False)
+class _Aside:
+    """Units this process set aside on one budget for one class, as its last write of the budget recorded them."""
+
+    units: int
+    expires: dt.datetime
+    spec: GPUBudgetSpec  # admitted within only under the limits they were set aside under (§7.3)
+    taken: int = 0  # units admitted within them since that write
+
+    def left(self) -> int:
+        return self.units - self.taken
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a moment's write records of this process's set-asides: the orders admitted within them that it writes
+    as orders, and the units set aside per class from then on (with when they expire)."""
+
+    spec: GPUBudgetSpec
+    written: frozenset[Claim]
+    aside: Mapping[str, tuple[int, dt.datetime]]
+
+
 class Charges:
     def __init__(
         self,
@@ -84,17 +112,29 @@ class Charges:
         ttl: float,
         *,
         mine: Callable[[str, str, str], bool] = lambda namespace, name, uid: False,
+        reserved: Callable[[], Iterable[Order]] = tuple,
+        holder: str = "",
+        set_aside: int = 0,
+        window: dt.timedelta = WINDOW,
         clock: Callable[[], dt.datetime] = utcnow,
     ) -> None:
         """`ttl`: how long an order whose device never comes stays charged. `mine`: orders this process counts
-        already though its view does not (its reservations); what its binder decided and has not written yet
-        (assumed in the view) it counts too."""
+        already though its view does not (its reservations), `reserved` their orders; what its binder decided and
+        has not written yet (assumed in the view) it counts too. `holder`: this process among the replicas (unique
+        to its run); `set_aside`: the most units of a class it sets aside on a budget (0: none, a write per
+        moment), and `window` how long it admits within them before it writes them again."""
         self._cluster, self._writer, self._mine, self._clock = cluster, writer, mine, clock
+        self._reserved, self.holder, self._most, self._window = reserved, holder, set_aside if holder else 0, window
         self._ttl = dt.timedelta(seconds=ttl)
         self._queues: dict[BudgetKey, list[_Turn]] = {}
         self._tasks: dict[BudgetKey, asyncio.Task[None]] = {}
         self._withdrawals: set[asyncio.Task[None]] = set()
         self.legacy: list[BudgetOrder] = []  # the retired ledger's orders, counted until they expire
+        self._aside: dict[BudgetKey, dict[str, _Aside]] = {}  # open to admit within, per budget and class
+        self._unwritten: dict[BudgetKey, dict[Claim, Order]] = {}  # admitted within them, not yet written as orders
+        self._plans: dict[BudgetKey, _Plan] = {}  # what the moment in flight decided last
+        self._timers: dict[BudgetKey, asyncio.TimerHandle] = {}
+        self._nudged: set[BudgetKey] = set()
 
     def needed(self, namespace: str, classes: Iterable[str]) -> bool:
         """Whether an order of these classes there is charged anywhere: a budget covering it can refuse it."""
@@ -108,6 +148,9 @@ class Charges:
         done: list[BudgetKey] = []
         try:
             for budget in orders.charging(self._cluster, namespace, {o.class_name for o in claims.values()}):
+                if self._within(budget, claims):
+                    done.append(budget.key)
+                    continue
                 problem, seen = await self._turn(budget.key, _Turn(claims, decide, dict(prior)))
                 if problem is not None:
                     self._withdraw(done, claims)
@@ -119,15 +162,66 @@ class Charges:
             raise
         return None
 
+    def _within(self, budget: GPUBudget, claims: Mapping[Claim, Order]) -> bool:
+        """Admit the orders within what this process set aside on the budget, if that holds them all (no await)."""
+        aside = self._aside.get(budget.key)
+        if not aside:
+            return False
+        need: dict[str, int] = {}
+        for order in claims.values():
+            if orders.charged(budget, order.class_name):
+                need[order.class_name] = need.get(order.class_name, 0) + order.count
+        usable = self._clock() + self._ttl  # each order stays charged `ttl` at least, as one written on its own
+        for class_name, units in need.items():
+            got = aside.get(class_name)
+            if got is None or got.spec != budget.spec or got.expires < usable or got.left() < units:
+                return False
+        for class_name, units in need.items():
+            aside[class_name].taken += units
+        self._unwritten.setdefault(budget.key, {}).update(claims)
+        if any(aside[c].left() * 2 < aside[c].units for c in need):
+            self._nudge(budget.key)  # written again before it runs out
+        return True
+
+    def _nudge(self, key: BudgetKey) -> None:
+        """A moment of the budget with no order of its own: what was admitted within its set-asides written, and
+        they set aside again, or let go."""
+        if key in self._nudged:
+            return
+        self._nudged.add(key)
+        self._turn(key, _Turn({}, None, {})).add_done_callback(_quiet)
+
+    def _timer(self, key: BudgetKey) -> None:
+        """Look at the budget again when the first of its set-asides stops being usable."""
+        if (old := self._timers.pop(key, None)) is not None:
+            old.cancel()
+        aside = self._aside.get(key)
+        if not aside:
+            return
+        ends = min(a.expires for a in aside.values()) - self._ttl
+        delay = max(0.0, (ends - self._clock()).total_seconds())
+        self._timers[key] = asyncio.get_running_loop().call_later(delay, self._nudge, key)
+
     async def close(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
         tasks = [*self._tasks.values(), *self._withdrawals]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     def _withdraw(self, keys: list[BudgetKey], claims: Mapping[Claim, Order]) -> None:
-        """Take the orders off the budgets they were charged to, in the background (unless they expire first)."""
+        """Take the orders off the budgets they were charged to, in the background (unless they expire first);
+        those admitted within a set-aside and not written yet go back to it at once."""
         for key in keys:
+            unwritten = self._unwritten.get(key, {})
+            if claims.keys() <= unwritten.keys():
+                aside = self._aside.get(key, {})
+                for claim, order in claims.items():
+                    del unwritten[claim]
+                    if (got := aside.get(order.class_name)) is not None:
+                        got.taken = max(0, got.taken - order.count)
+                continue
             task = asyncio.get_running_loop().create_task(self._withdrawal(key, claims))
             self._withdrawals.add(task)
             task.add_done_callback(self._withdrawals.discard)
@@ -151,17 +245,24 @@ class Charges:
             try:
                 await self._moment(key, batch)
             except asyncio.CancelledError:
+                self._nudged.discard(key)
                 for turn in [*batch, *self._queues.pop(key, [])]:
                     turn.done.cancel()
                 raise
             except Exception as e:  # Busy, or the API's failure: each caller fails closed with it
+                # Whether the write landed is not known: admit within no set-aside of the budget until one does.
+                self._aside.pop(key, None)
+                self._timer(key)
                 for turn in batch:
                     if not turn.done.done():
                         turn.done.set_exception(e)
+            finally:
+                self._plans.pop(key, None)
         self._tasks.pop(key, None)
 
     async def _moment(self, key: BudgetKey, batch: list[_Turn]) -> None:
         """Decide every turn on one version of the budget, and write their orders in one status write."""
+        self._nudged.discard(key)
         budget = self._cluster.budgets.get(key)
         # First on the view's copy as it is (no body read or parsed), then on what the API has, as Writer.update does.
         step = None if budget is None else await self._decide(budget, batch)
@@ -174,14 +275,50 @@ class Charges:
             outcome = await self._writer.update(outcome.body, decide, tries=ATTEMPTS - 1)
         if outcome.state is State.CONFLICT:
             raise Busy(f"GPUBudget {key[0]}/{key[1]} is busy; try again")
+        self._recorded(key, self._plans.pop(key, None) if outcome.state is not State.GONE else None)
         # Written, nothing to write, or the budget is gone (it limits nothing now): each turn as it was decided.
         for turn in batch:
             if not turn.done.done():
                 turn.done.set_result((turn.refused, turn.seen))
 
+    def _recorded(self, key: BudgetKey, plan: _Plan | None) -> None:
+        """The budget holds what the moment decided: the orders it wrote leave this process's unwritten ones, and
+        its set-asides are the ones written, less what was admitted within the old ones since the decision."""
+        if plan is None:  # the budget is gone: nothing to admit within
+            self._aside.pop(key, None)
+            self._unwritten.pop(key, None)
+        else:
+            unwritten = self._unwritten.get(key, {})
+            for claim in plan.written:
+                unwritten.pop(claim, None)
+            if not unwritten:
+                self._unwritten.pop(key, None)
+            aside = {}
+            for class_name, (units, expires) in plan.aside.items():
+                taken = sum(o.count for o in unwritten.values() if o.class_name == class_name)
+                aside[class_name] = _Aside(units, expires, plan.spec, taken)
+            if aside:
+                self._aside[key] = aside
+            else:
+                self._aside.pop(key, None)
+        self._timer(key)
+
     async def _decide(self, budget: GPUBudget, batch: list[_Turn]) -> Step | None:
         now = self._clock()
         kept, others = orders.settle(self._cluster, budget.status.orders, now, self._mine)
+        others.update(orders.set_aside_by_others(budget, self.holder, now))
+        # The classes a turn orders here were not admitted within a set-aside: it stops taking orders until written.
+        ordering = {o.class_name for t in batch if t.decide is not None for o in t.claims.values()}
+        aside = self._aside.get(budget.key, {})
+        for class_name in ordering & aside.keys():
+            del aside[class_name]
+        left = {
+            orders.set_aside_claim(budget, self.holder, c): Order(
+                budget.namespace or "", c, a.left(), "units set aside here", budget=budget.key
+            )
+            for c, a in aside.items()
+            if a.left() > 0
+        }
         if self.legacy:
             self.legacy = [e for e in self.legacy if e.expires > now]
             covered = [
@@ -205,71 +342,47 @@ class Charges:
                     f" the most it records; retry once they are counted or have expired (within {self._ttl.seconds} s)"
                 )
             if turn.refused is None:
-                turn.seen = others
+                turn.seen = {**others, **left}
                 try:
-                    turn.refused = turn.decide(list({**turn.prior, **others}.values()))
+                    turn.refused = turn.decide(list({**turn.prior, **turn.seen}.values()))
                 except Exception as e:  # one caller's failure is its own, not the moment's
                     turn.done.set_exception(e)
                     continue
             if turn.refused is None:
                 new.update(turn.claims)
-        entries = orders.recorded(kept, new, withdrawn, now + self._ttl)
-        if entries == budget.status.orders:
+        unwritten = dict(self._unwritten.get(budget.key, {}))
+        admitted = {o.class_name for o in new.values()}
+        aside = self._aside.get(budget.key, {})
+        held = {c: Held(a.units, a.taken, a.expires) for c, a in aside.items()}
+        counted = [*others.values(), *self._reserved()]
+        kept_aside = set_aside(
+            self._cluster, budget, held, admitted, counted, now=now, ttl=self._ttl, most=self._most, window=self._window
+        )
+        for class_name in aside.keys() - kept_aside.keys() - admitted:
+            del aside[class_name]  # unused through its time: let go, and admitted within no more
+        plan = _Plan(budget.spec, frozenset(unwritten), kept_aside)
+        self._plans[budget.key] = plan
+        entries = orders.recorded(kept, {**unwritten, **new}, withdrawn, now + self._ttl)
+        theirs = [a for a in orders.live(budget.status.set_aside, now) if a.holder != self.holder]
+        ours = [
+            BudgetSetAside(holder=self.holder, class_name=c, units=units, expires=expires)
+            for c, (units, expires) in sorted(plan.aside.items())
+        ]
+        if entries == budget.status.orders and [*theirs, *ours] == budget.status.set_aside:
             return None
-        status = budget.status.model_copy(update={"orders": entries, "ordered_total": orders.in_flight(entries)})
+        status = budget.status.model_copy(
+            update={
+                "orders": entries,
+                "ordered_total": orders.in_flight(entries),
+                "set_aside": [*theirs, *ours],
+                "set_aside_total": orders.in_flight([*theirs, *ours]),
+            }
+        )
         body: dict[str, Any] = budget.model_copy(update={"status": status}).wire()
         return lambda: self._writer.replace_status(kinds.GPU_BUDGET, body)
 
 
-LEDGER = "cozy-gpu-orders"  # the retired order ledger's ConfigMap, in the operator's namespace
-CONFIG_MAP = kinds.kind("ConfigMap")
-
-
-async def take_over_ledger(kube: AsyncKube, namespace: str) -> list[BudgetOrder]:
-    """The orders the retired ledger still holds, to count until they expire; where there is none, an immutable
-    empty one takes its place, so an older replica's create of it fails (closed) as its update does."""
-    for _ in range(3):
-        try:
-            body = await kube.get_or_none(CONFIG_MAP, LEDGER, namespace)
-            if body is not None:
-                return _ledger_orders(body)
-            await kube.create(CONFIG_MAP, _tombstone(namespace))
-            return []
-        except AlreadyExists:
-            continue  # an older replica made it a moment ago: read what it holds
-        except ApiError as e:  # a chart without the Role's read of it: nothing older ran here
-            log.warning("charges.ledger_unread", namespace=namespace, error=e.message)
-            return []
-    return []
-
-
-def _tombstone(namespace: str) -> Body:
-    why = "The order ledger is retired: orders are charged to GPUBudget status (§7.4). Safe to delete once no"
-    why += " replica of an older cozy-gpu-operator runs."
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": LEDGER, "namespace": namespace, "annotations": {"gpu.cozystack.io/retired": why}},
-        "immutable": True,
-    }
-
-
-def _ledger_orders(body: Body) -> list[BudgetOrder]:
-    """The retired ledger's entries as orders; what does not parse is skipped (it was never ours to read)."""
-    out = []
-    for raw in (body.get("data") or {}).values():
-        try:
-            v = json.loads(raw)
-            out.append(
-                BudgetOrder(
-                    namespace=str(v["namespace"]),
-                    name=str(v["name"]),
-                    uid=str(v.get("uid") or ""),
-                    class_name=str(v["class"]),
-                    count=int(v["count"]),
-                    expires=dt.datetime.fromtimestamp(float(v["expires"]), dt.UTC),
-                )
-            )
-        except (ValueError, KeyError, TypeError, AttributeError):
-            continue
-    return out
+def _quiet(done: asyncio.Future[Any]) -> None:
+    """A moment nobody waits for: its failure was logged by the callers that waited, or is retried by the next."""
+    if not done.cancelled():
+        done.exception()

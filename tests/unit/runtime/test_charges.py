@@ -7,24 +7,26 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import random
 from typing import Any, cast
 
 import pytest
 
 from cozygpu.api import GPUBudget, kinds
-from cozygpu.api.gpubudget import BudgetOrder
+from cozygpu.api.gpubudget import BudgetOrder, GPUBudgetStatus
 from cozygpu.decisions.orders import Order
 from cozygpu.kube.adapter import ApiError, AsyncKube, Conflict
 from cozygpu.runtime import charges
 from cozygpu.runtime.admission.outcomes import Refusal
 from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Validation
-from cozygpu.runtime.charges import CONFIG_MAP, LEDGER, Busy, Charges, take_over_ledger
+from cozygpu.runtime.charges import Busy, Charges
+from cozygpu.runtime.process.ledger import CONFIG_MAP, LEDGER, take_over_ledger
 from cozygpu.runtime.view import View
 from cozygpu.runtime.writes import Writer
 from cozygpu.state.cluster import Cluster
 from tests.support.memkube import MemKube
-from tests.support.views import A10, budget, cluster, created, device, gpu_class, node
+from tests.support.views import A10, L40S, budget, cluster, created, device, gpu_class, node
 
 OPS = "cozy-gpu-system"
 USER = "system:serviceaccount:t1:tenant"
@@ -43,6 +45,8 @@ def _budgets(kube: MemKube, *bodies: Body) -> list[Body]:
 class _Replica:
     """One replica's device webhook over its own view, its own reservations and charges, and the cluster's API."""
 
+    runs = 0  # each replica's run is its own holder of set-asides
+
     def __init__(
         self,
         kube: AsyncKube,
@@ -52,18 +56,36 @@ class _Replica:
         units: int = 8,
         namespaces: dict[str, dict[str, str]] | None = None,
         clock: Any = None,
+        set_aside: int = 0,
+        window: float = 5.0,
     ) -> None:
+        """`set_aside`: the most units of a class it sets aside on a budget (0: a write per moment, as before)."""
         self.cluster: Cluster = cluster(
-            nodes=[node("n1", {A10: units})], classes=[gpu_class("a10")], budgets=budgets, namespaces=namespaces or {}
+            nodes=[node("n1", {A10: units}), node("n2", {L40S: units})],
+            classes=[gpu_class("a10"), gpu_class("l40s", L40S)],
+            budgets=budgets,
+            namespaces=namespaces or {},
         )
         self.view = View(self.cluster)
         self.reservations = Reservations(ttl=30)
         kw: dict[str, Any] = {"clock": clock} if clock is not None else {}
-        self.charges = Charges(self.cluster, Writer(self.view, kube), 30, mine=self.reservations.holds_device, **kw)
+        if set_aside:
+            _Replica.runs += 1
+            kw |= {"holder": f"r{_Replica.runs}", "set_aside": set_aside, "window": dt.timedelta(seconds=window)}
+        self.charges = Charges(
+            self.cluster,
+            Writer(self.view, kube),
+            30,
+            mine=self.reservations.holds_device,
+            reserved=self.reservations.prior,
+            **kw,
+        )
         self.validation = Validation(self.cluster, self.reservations, charges=self.charges if charges else None)
 
-    async def create(self, name: str, *, namespace: str = "t1", count: int = 1, uid: str | None = None) -> str:
-        body = created(name, namespace=namespace, count=count, uid=uid)
+    async def create(
+        self, name: str, *, namespace: str = "t1", count: int = 1, uid: str | None = None, class_name: str = "a10"
+    ) -> str:
+        body = created(name, class_name, namespace=namespace, count=count, uid=uid)
         try:
             await self.validation.device("CREATE", body, None, USER, False, review=f"r-{namespace}-{name}-{uid}")
         except Refusal as e:
@@ -455,6 +477,242 @@ def test_a_moment_of_many_orders_lets_the_event_loop_serve_others() -> None:
     asyncio.run(run())
     first, last = log.index("decide"), len(log) - 1 - log[::-1].index("decide")
     assert log.count("decide") == 64 and "tick" in log[first:last], "the loop was blocked while the moment decided"
+
+
+# -- set-asides: a replica admits within units it set aside on the budget (§7.4, §13.5) ---------------------------
+
+
+def _status(kube: MemKube, name: str, namespace: str = "t1") -> GPUBudgetStatus:
+    stored = kube.stored(kinds.GPU_BUDGET, name, namespace)
+    assert stored is not None
+    return GPUBudget.model_validate(stored).status
+
+
+def _charged(status: GPUBudgetStatus) -> int:
+    """Units the budget's record holds against its limits: orders and set-asides (no device is counted here)."""
+    return sum(e.count for e in status.orders) + sum(a.units for a in status.set_aside)
+
+
+def test_a_replica_admits_within_what_it_set_aside_without_a_write_each() -> None:
+    """One replica, creates one after another under a budget with room: the first writes the budget and sets aside
+    a share of what is left, the next ones are admitted within it, and only a write ahead of need renews it; every
+    admitted order ends on the record as an order, so the count can take it off."""
+    kube = MemKube()
+    r = _Replica(kube, _budgets(kube, budget("room", limits={"a10": 100})), units=64, set_aside=8)
+
+    async def run() -> list[str]:
+        out = [await r.create(f"d{i}") for i in range(8)]
+        await asyncio.sleep(0.05)  # the write ahead of need lands
+        return out
+
+    assert asyncio.run(run()) == ["admitted"] * 8
+    status = _status(kube, "room")
+    assert _writes(kube, "room") <= 3, _writes(kube, "room")
+    assert [(a.holder, a.class_name) for a in status.set_aside] == [(r.charges.holder, "a10")]
+    assert {e.name for e in status.orders} | set() >= {f"d{i}" for i in range(5)}
+    assert _charged(status) <= 100
+
+
+def test_without_set_asides_every_create_writes_its_budget() -> None:
+    """The control of the test above: with none set aside, the same creates take a write each."""
+    kube = MemKube()
+    r = _Replica(kube, _budgets(kube, budget("room", limits={"a10": 100})), units=64)
+
+    async def run() -> list[str]:
+        return [await r.create(f"d{i}") for i in range(8)]
+
+    assert asyncio.run(run()) == ["admitted"] * 8
+    assert _writes(kube, "room") == 8
+
+
+def test_units_one_replica_set_aside_count_against_another() -> None:
+    """r1 orders 1 of 12 and sets aside 2 more (a quarter of what is left); r2's order of 10 fits what r2 sees of
+    orders (1 + 10) but not with r1's set-aside counted, so it is refused."""
+    kube = MemKube()
+    budgets = _budgets(kube, budget("cap", limits={"a10": 12}))
+    r1, r2 = _Replica(kube, budgets, units=64, set_aside=8), _Replica(kube, budgets, units=64, set_aside=8)
+
+    async def run() -> tuple[str, str]:
+        return await r1.create("a"), await r2.create("b", count=10)
+
+    first, second = asyncio.run(run())
+    assert first == "admitted"
+    assert [a.units for a in _status(kube, "cap").set_aside] == [2]
+    assert second.startswith("denied: ") and "GPUBudget t1/cap" in second, second
+
+
+def test_units_left_unused_leave_the_budget_after_the_window() -> None:
+    """r1's set-aside, unused past its window, is let go by r1's own write, so r2's order that it blocked fits."""
+    kube = MemKube()
+    budgets = _budgets(kube, budget("cap", limits={"a10": 12}))
+    r1 = _Replica(kube, budgets, units=64, set_aside=8, window=0.05)
+    r2 = _Replica(kube, budgets, units=64, set_aside=8)
+
+    async def run() -> tuple[str, str, list[int], str]:
+        first = await r1.create("a")
+        blocked = await r2.create("b", count=10)
+        await asyncio.sleep(0.3)  # the window passes, and r1 writes its set-aside off
+        left = [a.units for a in _status(kube, "cap").set_aside]
+        r2.view.apply(kinds.GPU_BUDGET, kube.stored(kinds.GPU_BUDGET, "cap", "t1") or {})  # r2's watch has it
+        return first, blocked, left, await r2.create("c", count=10)
+
+    first, blocked, left, after = asyncio.run(run())
+    assert (first, blocked[:8], left, after) == ("admitted", "denied: ", [], "admitted")
+
+
+def test_a_replica_never_admits_within_units_of_an_earlier_run() -> None:
+    """A replica restarted is another holder: what its earlier run set aside counts against it like anyone's, so
+    the orders that run admitted within them (unknown to the new one) stay covered until the units expire."""
+    kube = MemKube()
+    budgets = _budgets(kube, budget("cap", limits={"a10": 12}))
+    before = _Replica(kube, budgets, units=64, set_aside=8)
+    assert asyncio.run(before.create("a")) == "admitted"
+    after = _Replica(kube, budgets, units=64, set_aside=8)
+    assert asyncio.run(after.create("b", count=10)).startswith("denied: ")
+
+
+def test_a_lowered_limit_stops_admissions_within_a_set_aside() -> None:
+    """§7.3: r1 set units aside under a limit of 40, r2 has 9 ordered; the limit drops to 10. r1's own view still
+    lets 1 more in (its 1 + 1), but not within what it set aside under the old limit: its moment counts r2's 9."""
+    kube = MemKube()
+    budgets = _budgets(kube, budget("cap", limits={"a10": 40}))
+    r1, r2 = _Replica(kube, budgets, units=64, set_aside=8), _Replica(kube, budgets, units=64, set_aside=8)
+    assert asyncio.run(r1.create("a")) == "admitted"
+    assert asyncio.run(r2.create("b", count=9)) == "admitted"
+    stored = kube.stored(kinds.GPU_BUDGET, "cap", "t1")
+    assert stored is not None and _status(kube, "cap").set_aside
+    lowered = kube.change(kinds.GPU_BUDGET, {**stored, "spec": {"limits": {"a10": 10}}})
+    r1.view.apply(kinds.GPU_BUDGET, lowered)
+    assert asyncio.run(r1.create("c")).startswith("denied: ")
+
+
+def test_units_set_aside_for_one_class_count_against_the_total_of_another_order_here() -> None:
+    """A budget of 12 in total: r1 orders 1 a10 and sets 2 more aside; its order of 10 l40s would fit the orders
+    (11), but with the 2 it may still admit within, 13 would: refused."""
+    kube = MemKube()
+    r = _Replica(kube, _budgets(kube, budget("cap", total=12)), units=64, set_aside=8)
+
+    async def run() -> list[str]:
+        return [await r.create("a"), await r.create("t", count=10, class_name="l40s")]
+
+    first, second = asyncio.run(run())
+    assert first == "admitted" and "GPUBudget t1/cap allows 12 units in total" in second, second
+    assert [a.units for a in _status(kube, "cap").set_aside] == [2]
+
+
+def test_past_its_window_a_set_aside_admits_nothing_more() -> None:
+    """Once fewer than `ttl` seconds of a set-aside are left, an order admitted within it could outlive its
+    charge: the next create writes the budget instead."""
+    now = [dt.datetime(2026, 1, 1, tzinfo=dt.UTC)]
+    kube = MemKube()
+    r = _Replica(kube, _budgets(kube, budget("room", limits={"a10": 100})), units=64, set_aside=8, clock=lambda: now[0])
+
+    async def run() -> tuple[int, int]:
+        await r.create("a")
+        await r.create("b")
+        within = _writes(kube, "room")
+        now[0] += dt.timedelta(seconds=6)  # past the 5 s window, still within the units' life
+        await r.create("c")
+        return within, _writes(kube, "room")
+
+    assert asyncio.run(run()) == (1, 2)
+
+
+def test_an_order_refused_by_its_second_budget_gives_back_what_it_took_within_the_first() -> None:
+    """Overlapping budgets: the org's has units set aside here, t1's own refuses the order: the units it took
+    within the org's set-aside are free again at once, with no write."""
+    kube = MemKube()
+    labels = {"t1": {"org": "o"}}
+    budgets = _budgets(
+        kube,
+        budget("org", namespace="ops", limits={"a10": 100}, namespaceSelector={"matchLabels": {"org": "o"}}),
+        budget("t1cap", limits={"a10": 2}),
+    )
+    r = _Replica(kube, budgets, units=64, set_aside=8, namespaces=labels)
+
+    async def run() -> list[str]:
+        return [await r.create("a"), await r.create("b", count=2)]
+
+    assert [o[:8] for o in asyncio.run(run())] == ["admitted", "denied: "]
+    aside = r.charges._aside[("ops", "org")]["a10"]  # what the refusal gave back, in memory only
+    assert aside.taken == 0
+
+
+class _Gated:
+    """The API, whose status writes wait for a pass while it is `shut`."""
+
+    def __init__(self, kube: MemKube) -> None:
+        self._kube, self.passes, self.shut = kube, asyncio.Semaphore(0), False
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._kube, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if name == "replace_status" and self.shut:
+                await self.passes.acquire()
+            return await method(*args, **kwargs)
+
+        return call
+
+
+def test_what_is_admitted_while_a_set_aside_is_written_again_stays_covered() -> None:
+    """r1's write ahead of need is in flight when r1 admits 3 more within its old set-aside; the budget has room
+    for only 2 more by then, but the set-aside written keeps the 3 it held, so r2's order of 8 that fits the record
+    otherwise is refused (40 would be 41)."""
+    kube = MemKube()
+    budgets = _budgets(kube, budget("cap", limits={"a10": 40}))
+    gated = _Gated(kube)
+    r1, r2 = _Replica(cast(AsyncKube, gated), budgets, units=64, set_aside=8), _Replica(kube, budgets, units=64)
+
+    async def run() -> tuple[list[str], str]:
+        out = [await r1.create("a"), await r2.create("b", count=24)]
+        r1.view.apply(kinds.GPU_BUDGET, kube.stored(kinds.GPU_BUDGET, "cap", "t1") or {})
+        gated.shut = True
+        out += [await r1.create(f"c{i}") for i in range(1, 6)]  # the fifth leaves 3 of 8: written again
+        await asyncio.sleep(0.01)
+        out += [await r1.create(f"c{i}") for i in range(6, 9)]  # within the old set-aside, its write in flight
+        gated.passes.release()  # that write lands; the next one (of the 3) waits
+        await asyncio.sleep(0.01)
+        r2.view.apply(kinds.GPU_BUDGET, kube.stored(kinds.GPU_BUDGET, "cap", "t1") or {})
+        last = await r2.create("d", count=8)
+        gated.passes.release()
+        return out, last
+
+    admitted, last = asyncio.run(run())
+    assert admitted == ["admitted"] * 10
+    assert last.startswith("denied: "), last
+
+
+def test_replicas_with_set_asides_never_together_exceed_a_budget() -> None:
+    """§7.4: three replicas with set-asides, creates of 1-3 units spread over them at random and at once: the
+    budget's record never holds more than its limit, and no more units are admitted than it allows."""
+    rng = random.Random(7)
+    for _ in range(60):
+        limit = rng.randint(3, 40)
+        sizes = [rng.randint(1, 3) for _ in range(40)]
+        admitted, most = asyncio.run(_race(rng, limit, sizes))
+        assert admitted <= limit and most <= limit, (limit, admitted, most)
+        assert admitted > 0
+
+
+async def _race(rng: random.Random, limit: int, sizes: list[int]) -> tuple[int, int]:
+    """Creates of `sizes` units at once over three replicas with set-asides: units admitted, and the most units the
+    budget's record held at any write."""
+    kube = MemKube()
+    budgets = _budgets(kube, budget("cap", limits={"a10": limit}))
+    distant = cast(AsyncKube, _Distant(kube))
+    replicas = [_Replica(distant, budgets, units=256, set_aside=rng.randint(1, 8)) for _ in range(3)]
+    most = 0
+
+    async def one(i: int) -> str:
+        nonlocal most
+        await asyncio.sleep(rng.random() / 100)
+        out = await replicas[rng.randrange(3)].create(f"d{i}", count=sizes[i])
+        most = max(most, _charged(_status(kube, "cap")))
+        return out
+
+    outcomes = await asyncio.gather(*(one(i) for i in range(len(sizes))))
+    return sum(n for n, o in zip(sizes, outcomes, strict=True) if o == "admitted"), most
 
 
 # -- the retired ledger (issue 36 item 3) ------------------------------------------------------------------------

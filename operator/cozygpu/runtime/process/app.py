@@ -17,6 +17,7 @@ here; how a signal drains and what ends the process is runtime.process.stopping'
 from __future__ import annotations
 
 import asyncio
+import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -36,11 +37,12 @@ from cozygpu.runtime.admission.reservations import Reservations
 from cozygpu.runtime.admission.validation import Validation
 from cozygpu.runtime.admission.vmi_webhook import VMIAdmission
 from cozygpu.runtime.admission.waiters import Waiters
-from cozygpu.runtime.charges import Charges, take_over_ledger
+from cozygpu.runtime.charges import Charges
 from cozygpu.runtime.events import Recorder
 from cozygpu.runtime.metrics import Metrics
 from cozygpu.runtime.process import health, leadership, serving
 from cozygpu.runtime.process.health import HealthServer
+from cozygpu.runtime.process.ledger import take_over_ledger
 from cozygpu.runtime.process.metrics_auth import MetricsGuard
 from cozygpu.runtime.process.stopping import Stopping
 from cozygpu.runtime.process.supervision import Supervisor
@@ -81,7 +83,14 @@ class Operator:
         self.namespace = leadership.lease_namespace(settings)
         # An order a budget can refuse, from any replica's webhook or the leader's binder, is charged to it (§7.4, §10).
         self.charges = Charges(
-            self.cluster, self.writer, ttl=settings.webhook_timeout + 10, mine=self.reservations.holds_device
+            self.cluster,
+            self.writer,
+            ttl=settings.webhook_timeout + 10,
+            mine=self.reservations.holds_device,
+            reserved=self.reservations.prior,
+            # Unique to this run: units a replica set aside before a restart are not its to admit within after it.
+            holder=f"{leadership.replica(settings)}/{secrets.token_hex(4)}",
+            set_aside=settings.budget_set_aside,
         )
         self.binder = Binder(
             self.cluster,

@@ -130,7 +130,7 @@ class Accountant:
             return None
         now = utcnow()
         status = budget_status(self._cluster, budget, now)
-        when = due(status.orders)
+        when = due([*status.orders, *status.set_aside])
         if any(counted(self._cluster, o) for o in status.orders):
             # Counted from our own write's answer, not yet from the watch: taken off once the watch has it.
             when = min(when or now + RECOUNT, now + RECOUNT)
