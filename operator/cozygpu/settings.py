@@ -115,7 +115,7 @@ class Settings(BaseModel):
         " 100 concurrent creates §13.2 admits.",
     )
     budget_set_aside: int = Field(
-        default=8,
+        default=32,
         ge=0,
         le=1024,
         description="Units of a class a replica may set aside on a GPUBudget, at most a quarter of what the budget "

@@ -79,6 +79,7 @@ class _Turn:
     )
     refused: str | None = None  # final once decided: a later read does not admit what one refused
     seen: dict[Claim, Order] = field(default_factory=dict)
+    within: bool = False  # admitted within a set-aside that came while it waited: nothing to decide
 
 
 @dataclass(eq=False)
@@ -254,6 +255,9 @@ class Charges:
                 self._aside.pop(key, None)
                 self._timer(key)
                 for turn in batch:
+                    if turn.within:  # not admitted after all: not to be written as orders later either
+                        for claim in turn.claims:
+                            self._unwritten.get(key, {}).pop(claim, None)
                     if not turn.done.done():
                         turn.done.set_exception(e)
             finally:
@@ -307,8 +311,12 @@ class Charges:
         now = self._clock()
         kept, others = orders.settle(self._cluster, budget.status.orders, now, self._mine)
         others.update(orders.set_aside_by_others(budget, self.holder, now))
-        # The classes a turn orders here were not admitted within a set-aside: it stops taking orders until written.
-        ordering = {o.class_name for t in batch if t.decide is not None for o in t.claims.values()}
+        # Orders that waited for this moment may fit what the last one set aside; the classes of the others were not
+        # admitted within it: it stops taking orders until written.
+        for turn in batch:
+            if turn.decide is not None and not turn.within and not turn.done.done():
+                turn.within = self._within(budget, turn.claims)
+        ordering = {o.class_name for t in batch if t.decide is not None and not t.within for o in t.claims.values()}
         aside = self._aside.get(budget.key, {})
         for class_name in ordering & aside.keys():
             del aside[class_name]
@@ -331,8 +339,8 @@ class Charges:
         # Newest first: of binds that together overrun the budget, the newest gives way (the older ones stay).
         for turn in reversed(batch):
             await breathe()
-            if turn.done.done():
-                continue  # its caller gave up: left out
+            if turn.done.done() or turn.within:
+                continue  # its caller gave up: left out; or written below with what was admitted within
             if turn.decide is None:
                 withdrawn |= turn.claims.keys()
                 continue

@@ -683,6 +683,65 @@ def test_what_is_admitted_while_a_set_aside_is_written_again_stays_covered() -> 
     assert last.startswith("denied: "), last
 
 
+def test_an_order_that_waited_for_a_moment_is_admitted_within_what_the_last_one_set_aside() -> None:
+    """Eight orders use up what the first set aside while its write ahead of need is in flight; the ninth waits for
+    that write, which sets units aside again, and is admitted within them, never decided on the budget's record."""
+    kube = MemKube()
+    budgets = _budgets(kube, budget("room", limits={"a10": 100}))
+    gated = _Gated(kube)
+    r = _Replica(cast(AsyncKube, gated), budgets, units=64, set_aside=8)
+    decided: list[str] = []
+
+    def decide(_: list[Order]) -> str | None:
+        decided.append("decide")
+        return None
+
+    def claims(name: str) -> dict[tuple[str, str, str], Order]:
+        return {("t1", name, ""): Order("t1", "a10", 1, name)}
+
+    async def run() -> list[str | None]:
+        out = [await r.charges.charge("t1", claims("a"), decide)]  # decided and written: sets 8 aside
+        gated.shut = True
+        out += [await r.charges.charge("t1", claims(f"c{i}"), decide) for i in range(1, 9)]  # the write after 5 waits
+        ninth = asyncio.ensure_future(r.charges.charge("t1", claims("c9"), decide))
+        await asyncio.sleep(0.01)
+        gated.passes.release()  # the write ahead of need lands; then the ninth's moment
+        gated.passes.release()
+        out.append(await ninth)
+        return out
+
+    assert asyncio.run(run()) == [None] * 10
+    assert decided == ["decide"]
+    assert {e.name for e in _record(kube, "room")} >= {"a", "c9"}
+
+
+def test_an_order_admitted_within_in_a_moment_whose_write_fails_is_not_written_later() -> None:
+    """The ninth order of the test above is admitted within at its moment, but the moment's write fails (a 500):
+    the create errs, and the next write records the orders admitted before it, not the ninth."""
+    kube = MemKube()
+    budgets = _budgets(kube, budget("room", limits={"a10": 100}))
+    gated = _Gated(kube)
+    r = _Replica(cast(AsyncKube, gated), budgets, units=64, set_aside=8)
+
+    async def run() -> list[str]:
+        out = [await r.create("a")]
+        gated.shut = True
+        out += [await r.create(f"c{i}") for i in range(1, 9)]
+        ninth = asyncio.ensure_future(r.create("c9"))
+        await asyncio.sleep(0.01)
+        gated.passes.release()  # the write ahead of need lands
+        await asyncio.sleep(0.01)
+        kube.fail_next(ApiError(500, "InternalError", "etcd is unhappy"), method="replace_status")
+        gated.shut = False
+        gated.passes.release()
+        out.append(await ninth)
+        return [*out, await r.create("z")]
+
+    assert asyncio.run(run()) == ["admitted"] * 9 + ["error", "admitted"]
+    names = {e.name for e in _record(kube, "room")}
+    assert "c9" not in names and {"a", "c8", "z"} <= names, names
+
+
 def test_replicas_with_set_asides_never_together_exceed_a_budget() -> None:
     """§7.4: three replicas with set-asides, creates of 1-3 units spread over them at random and at once: the
     budget's record never holds more than its limit, and no more units are admitted than it allows."""
