@@ -119,6 +119,28 @@ def test_an_admitted_order_is_charged_to_its_budget_by_uid_until_the_count_has_i
     wait_for("the order taken up by the count", counted, timeout=30)
 
 
+def test_units_set_aside_with_an_order_are_stored_on_the_budget_and_let_go_unused(
+    admitting: OperatorProcess, kube: Kube, namespace: str, gpu: Gpu, gpu_node: GPUNodeFactory
+) -> None:
+    """§7.4: the write that charges an order under a budget with room also sets units aside for the next orders,
+    stored by the API server (other replicas count them from there); unused, they are written off after the
+    window, and a create admitted within them meanwhile ends on the record or in `used`."""
+    gpu_node({gpu.resource: 8}, name=f"n-{gpu.cls}")
+    kube.create(kinds.GPU_BUDGET, budget_body("room", namespace, {gpu.cls: 400}))
+    budget_seen(kube, namespace, "room")
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("x", namespace, gpu.cls))
+    status = kube.get(kinds.GPU_BUDGET, "room", namespace)["status"]
+    assert [(a["className"], a["units"]) for a in status["setAside"]] == [(gpu.cls, 32)], status
+    assert status["setAsideTotal"] == 32 and status["setAside"][0]["holder"]
+    kube.create(kinds.GPU_DEVICE, gpu_device_body("y", namespace, gpu.cls))
+
+    def settled() -> bool:
+        status = kube.get(kinds.GPU_BUDGET, "room", namespace)["status"]
+        return not status.get("setAside") and status.get("usedTotal") == 2 and not status.get("orders")
+
+    wait_for("the set-aside written off and both devices counted", settled, timeout=30)
+
+
 def test_an_older_replica_can_write_no_order_where_the_retired_ledger_was(
     admitting: OperatorProcess, kube: Kube, operator_kubeconfig: Path
 ) -> None:

@@ -27,6 +27,10 @@ a window (decisions.budgets.WINDOW); a replica that dies leaves them to expire.
 
 Orders an older version recorded in its one ConfigMap (runtime.process.ledger) count here too
 (`legacy`) until they expire.
+
+Why one module: a budget's set-asides are written in its moments, with its orders, and what is
+admitted within them is what those moments write next; one budget's moments, queue and set-asides
+are one state, decided in one order (how many units to set aside is decisions.budgets').
 """
 
 from __future__ import annotations
@@ -136,6 +140,7 @@ class Charges:
         self._plans: dict[BudgetKey, _Plan] = {}  # what the moment in flight decided last
         self._timers: dict[BudgetKey, asyncio.TimerHandle] = {}
         self._nudged: set[BudgetKey] = set()
+        self._deciding: dict[BudgetKey, int] = {}  # orders a moment in flight admitted on the record, not yet written
 
     def needed(self, namespace: str, classes: Iterable[str]) -> bool:
         """Whether an order of these classes there is charged anywhere: a budget covering it can refuse it."""
@@ -168,6 +173,11 @@ class Charges:
         aside = self._aside.get(budget.key)
         if not aside:
             return False
+        key = budget.key
+        # What the budget's next write records stays within RECORD_MOST orders, as orders decided there do (§14).
+        recording = len(budget.status.orders) + len(self._unwritten.get(key, {})) + self._deciding.get(key, 0)
+        if recording + len(claims) > RECORD_MOST:
+            return False
         need: dict[str, int] = {}
         for order in claims.values():
             if orders.charged(budget, order.class_name):
@@ -180,8 +190,10 @@ class Charges:
         for class_name, units in need.items():
             aside[class_name].taken += units
         self._unwritten.setdefault(budget.key, {}).update(claims)
-        if any(aside[c].left() * 2 < aside[c].units for c in need):
-            self._nudge(budget.key)  # written again before it runs out
+        # Written again before it runs out, or its window ends: the next orders find it renewed.
+        late = usable + self._window / 2
+        if any(aside[c].left() * 2 < aside[c].units or aside[c].expires < late for c in need):
+            self._nudge(budget.key)
         return True
 
     def _nudge(self, key: BudgetKey) -> None:
@@ -262,6 +274,7 @@ class Charges:
                         turn.done.set_exception(e)
             finally:
                 self._plans.pop(key, None)
+                self._deciding.pop(key, None)
         self._tasks.pop(key, None)
 
     async def _moment(self, key: BudgetKey, batch: list[_Turn]) -> None:
@@ -344,9 +357,10 @@ class Charges:
             if turn.decide is None:
                 withdrawn |= turn.claims.keys()
                 continue
-            if turn.refused is None and len(kept) + len(new) + len(turn.claims) > RECORD_MOST:
+            recording = len(kept) + len(self._unwritten.get(budget.key, {})) + len(new)
+            if turn.refused is None and recording + len(turn.claims) > RECORD_MOST:
                 turn.refused = (
-                    f"GPUBudget {budget.namespace}/{budget.name} has {len(kept) + len(new)} orders not yet counted,"
+                    f"GPUBudget {budget.namespace}/{budget.name} has {recording} orders not yet counted,"
                     f" the most it records; retry once they are counted or have expired (within {self._ttl.seconds} s)"
                 )
             if turn.refused is None:
@@ -358,6 +372,7 @@ class Charges:
                     continue
             if turn.refused is None:
                 new.update(turn.claims)
+                self._deciding[budget.key] = len(new)
         unwritten = dict(self._unwritten.get(budget.key, {}))
         admitted = {o.class_name for o in new.values()}
         aside = self._aside.get(budget.key, {})

@@ -742,6 +742,46 @@ def test_an_order_admitted_within_in_a_moment_whose_write_fails_is_not_written_l
     assert "c9" not in names and {"a", "c8", "z"} <= names, names
 
 
+def test_a_set_aside_in_use_is_written_again_before_its_window_ends() -> None:
+    """An order admitted within units past half their window starts a write ahead of need, so an order after the
+    window's end is still admitted within units (renewed), with no write of its own."""
+    now = [dt.datetime(2026, 1, 1, tzinfo=dt.UTC)]
+    kube = MemKube()
+    r = _Replica(kube, _budgets(kube, budget("room", limits={"a10": 100})), units=64, set_aside=8, clock=lambda: now[0])
+
+    async def run() -> list[int]:
+        await r.create("a")
+        now[0] += dt.timedelta(seconds=3)  # past half the 5 s window
+        await r.create("b")
+        await asyncio.sleep(0.01)
+        renewed = _writes(kube, "room")
+        now[0] += dt.timedelta(seconds=3)  # past the first window's end, within the renewed one
+        await r.create("c")
+        return [renewed, _writes(kube, "room")]
+
+    assert asyncio.run(run()) == [2, 2]
+
+
+def test_orders_admitted_within_a_set_aside_count_toward_the_most_a_budget_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """§14: creates that never come, admitted within units set aside, would be written as orders past RECORD_MOST
+    (here 4): the fifth is decided on the record instead, and refused naming the budget."""
+    monkeypatch.setattr(charges, "RECORD_MOST", 4)
+    kube = MemKube()
+    r = _Replica(kube, _budgets(kube, budget("room", limits={"a10": 100})), units=64, set_aside=8)
+
+    async def run() -> list[str]:
+        out = [await r.create(n) for n in "abcde"]
+        await asyncio.sleep(0.01)
+        return out
+
+    outcomes = asyncio.run(run())
+    assert outcomes[:4] == ["admitted"] * 4
+    assert "GPUBudget t1/room has 4 orders not yet counted" in outcomes[4], outcomes[4]
+    assert len(_record(kube, "room")) <= 4
+
+
 def test_replicas_with_set_asides_never_together_exceed_a_budget() -> None:
     """§7.4: three replicas with set-asides, creates of 1-3 units spread over them at random and at once: the
     budget's record never holds more than its limit, and no more units are admitted than it allows."""
