@@ -104,6 +104,30 @@ def test_gpunode_and_gpubudget_create_read_and_status_update(kube: Kube, namespa
     assert GPUBudget.from_wire(kube.get(kinds.GPU_BUDGET, "b", namespace)).status.used_total == 2
 
 
+def test_a_budget_status_that_drops_its_records_is_refused(kube: Kube, namespace: str) -> None:
+    """§7.4 in a rolling upgrade: an older operator writes a budget's status without `orders` and `setAside`,
+    which would make every replica forget orders in flight and units set aside; the API server refuses it, and
+    takes a status that empties them."""
+    kube.create(
+        kinds.GPU_BUDGET,
+        {"apiVersion": API_VERSION, "kind": "GPUBudget", "metadata": {"name": "kept", "namespace": namespace}},
+    )
+    body = kube.get(kinds.GPU_BUDGET, "kept", namespace)
+    expires = "2030-01-01T00:00:00Z"
+    order = {"namespace": namespace, "name": "x", "uid": "u", "className": "a10", "count": 1, "expires": expires}
+    aside = {"holder": "r/1", "className": "a10", "units": 4, "expires": expires}
+    body["status"] = {"orders": [order], "setAside": [aside]}
+    body = kube.replace_status(kinds.GPU_BUDGET, body)
+    for dropped in ("orders", "setAside"):
+        older = {**body, "status": {k: v for k, v in body["status"].items() if k != dropped}}
+        with pytest.raises(Invalid) as refused:
+            kube.replace_status(kinds.GPU_BUDGET, older)
+        assert f"status.{dropped} may be emptied, not dropped" in refused.value.message
+    body["status"] = {"used": {}, "usedTotal": 0, "orders": [], "setAside": []}
+    emptied = GPUBudget.from_wire(kube.replace_status(kinds.GPU_BUDGET, body))
+    assert emptied.status.orders == [] and emptied.status.set_aside == []
+
+
 def test_api_server_refuses_a_device_with_count_zero(kube: Kube, namespace: str) -> None:
     """The CRD's minimum is live: count 0 is Invalid, naming the field."""
     with pytest.raises(Invalid, match=r"spec\.count"):

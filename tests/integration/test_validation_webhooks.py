@@ -139,6 +139,8 @@ def test_units_set_aside_with_an_order_are_stored_on_the_budget_and_let_go_unuse
         return not status.get("setAside") and status.get("usedTotal") == 2 and not status.get("orders")
 
     wait_for("the set-aside written off and both devices counted", settled, timeout=30)
+    assert admitting.events("operator.synced"), "the operator's log is not read"
+    assert admitting.events("budget.set_aside_dropped") == []  # stored as written: y was admitted within them
 
 
 def test_an_older_replica_can_write_no_order_where_the_retired_ledger_was(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, JsonValue
 
 from cozygpu.api.meta import (
     AGE,
@@ -56,8 +56,18 @@ class BudgetSetAside(Model):
     expires: Time = Field(description="When the units leave the budget if the replica does not write it again.")
 
 
+# An older operator knows neither record and would write a status without them, letting every replica forget
+# orders admitted and units set aside (a rolling upgrade): the API server refuses such a write (fail closed).
+KEEP_RECORDS: list[JsonValue] = [
+    {"rule": f"!has(oldSelf.{field}) || has(self.{field})", "message": f"status.{field} may be emptied, not dropped"}
+    for field in ("orders", "setAside")
+]
+
+
 class GPUBudgetStatus(Model):
     """What counts against the budget now; OverBudget when that exceeds a lowered cap."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": KEEP_RECORDS})
 
     used: dict[str, Units] = Field(default_factory=dict, description="Units counting against the budget, per class.")
     used_total: Units = Field(default=0, description="Units counting against the budget over all classes.")

@@ -292,11 +292,28 @@ class Charges:
             outcome = await self._writer.update(outcome.body, decide, tries=ATTEMPTS - 1)
         if outcome.state is State.CONFLICT:
             raise Busy(f"GPUBudget {key[0]}/{key[1]} is busy; try again")
-        self._recorded(key, self._plans.pop(key, None) if outcome.state is not State.GONE else None)
+        plan = self._plans.pop(key, None) if outcome.state is not State.GONE else None
+        if plan is not None and outcome.written and outcome.body is not None:
+            plan = self._kept(key, plan, GPUBudget.from_wire(outcome.body))
+        self._recorded(key, plan)
         # Written, nothing to write, or the budget is gone (it limits nothing now): each turn as it was decided.
         for turn in batch:
             if not turn.done.done():
                 turn.done.set_result((turn.refused, turn.seen))
+
+    def _kept(self, key: BudgetKey, plan: _Plan, stored: GPUBudget) -> _Plan:
+        """The plan's set-asides that the API server stored as written: one whose GPUBudget definition predates them
+        drops `status.setAside` from the write, and units it does not hold are not admitted within."""
+        held = {(a.class_name, a.units, a.expires) for a in stored.status.set_aside if a.holder == self.holder}
+        kept = {c: (units, expires) for c, (units, expires) in plan.aside.items() if (c, units, expires) in held}
+        if kept != plan.aside:
+            log.warning(
+                "budget.set_aside_dropped",
+                namespace=key[0],
+                budget=key[1],
+                why="the API server did not store status.setAside: apply the operator's CRDs (crds/)",
+            )
+        return _Plan(plan.spec, plan.written, kept)
 
     def _recorded(self, key: BudgetKey, plan: _Plan | None) -> None:
         """The budget holds what the moment decided: the orders it wrote leave this process's unwritten ones, and

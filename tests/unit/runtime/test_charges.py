@@ -782,6 +782,38 @@ def test_orders_admitted_within_a_set_aside_count_toward_the_most_a_budget_recor
     assert len(_record(kube, "room")) <= 4
 
 
+class _OldDefinition:
+    """The API under a GPUBudget definition that predates set-asides: it prunes `status.setAside` from writes."""
+
+    def __init__(self, kube: MemKube) -> None:
+        self._kube = kube
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._kube, name)
+
+        async def call(kind: Any, body: Body, *args: Any, **kwargs: Any) -> Any:
+            if name == "replace_status":
+                body = {**body, "status": {k: v for k, v in body["status"].items() if k != "setAside"}}
+            return await method(kind, body, *args, **kwargs)
+
+        return call if name == "replace_status" else method
+
+
+def test_units_the_api_server_did_not_store_are_not_admitted_within() -> None:
+    """A CRD not yet updated drops `status.setAside`: other replicas would never count the units, so this one
+    admits nothing within them; each create is decided and written, as with none set aside."""
+    kube = MemKube()
+    r = _Replica(
+        cast(AsyncKube, _OldDefinition(kube)), _budgets(kube, budget("room", limits={"a10": 100})), set_aside=8
+    )
+
+    async def run() -> list[str]:
+        return [await r.create(n) for n in "abc"]
+
+    assert asyncio.run(run()) == ["admitted"] * 3
+    assert _writes(kube, "room") == 3 and not _status(kube, "room").set_aside
+
+
 def test_replicas_with_set_asides_never_together_exceed_a_budget() -> None:
     """§7.4: three replicas with set-asides, creates of 1-3 units spread over them at random and at once: the
     budget's record never holds more than its limit, and no more units are admitted than it allows."""
