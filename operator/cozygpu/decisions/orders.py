@@ -105,21 +105,17 @@ def recorded(
     return out
 
 
-def set_aside_by_others(budget: GPUBudget, holder: str, now: dt.datetime) -> dict[Claim, Order]:
-    """The units other replicas (any holder but `holder`) set aside on the budget and that have not expired, as
-    orders counted against this budget alone."""
+def set_aside_orders(budget: GPUBudget, held: Iterable[tuple[str, str, int]]) -> dict[Claim, Order]:
+    """Units set aside on the budget, given as (holder, class, units), as orders counted against it alone: one per
+    holder and class, keyed apart from every device's claim."""
+    namespace = budget.namespace or ""
     return {
-        set_aside_claim(budget, a.holder, a.class_name): Order(
-            budget.namespace or "", a.class_name, a.units, f"units set aside by {a.holder}", budget=budget.key
+        (namespace, f"set-aside/{budget.name}/{holder}/{class_name}", ""): Order(
+            namespace, class_name, units, f"units set aside by {holder}", budget=budget.key
         )
-        for a in budget.status.set_aside
-        if a.holder != holder and a.expires > now
+        for holder, class_name, units in held
+        if units > 0
     }
-
-
-def set_aside_claim(budget: GPUBudget, holder: str, class_name: str) -> Claim:
-    """The key units set aside count under among a moment's orders: one per budget, holder and class."""
-    return (budget.namespace or "", f"set-aside/{budget.name}/{holder}/{class_name}", "")
 
 
 def live(entries: Iterable[BudgetSetAside], now: dt.datetime) -> list[BudgetSetAside]:

@@ -170,10 +170,10 @@ class Charges:
 
     def _within(self, budget: GPUBudget, claims: Mapping[Claim, Order]) -> bool:
         """Admit the orders within what this process set aside on the budget, if that holds them all (no await)."""
-        aside = self._aside.get(budget.key)
+        key = budget.key
+        aside = self._aside.get(key)
         if not aside:
             return False
-        key = budget.key
         # What the budget's next write records stays within RECORD_MOST orders, as orders decided there do (§14).
         recording = len(budget.status.orders) + len(self._unwritten.get(key, {})) + self._deciding.get(key, 0)
         if recording + len(claims) > RECORD_MOST:
@@ -189,11 +189,11 @@ class Charges:
                 return False
         for class_name, units in need.items():
             aside[class_name].taken += units
-        self._unwritten.setdefault(budget.key, {}).update(claims)
+        self._unwritten.setdefault(key, {}).update(claims)
         # Written again before it runs out, or its window ends: the next orders find it renewed.
         late = usable + self._window / 2
         if any(aside[c].left() * 2 < aside[c].units or aside[c].expires < late for c in need):
-            self._nudge(budget.key)
+            self._nudge(key)
         return True
 
     def _nudge(self, key: BudgetKey) -> None:
@@ -340,7 +340,8 @@ class Charges:
     async def _decide(self, budget: GPUBudget, batch: list[_Turn]) -> Step | None:
         now = self._clock()
         kept, others = orders.settle(self._cluster, budget.status.orders, now, self._mine)
-        others.update(orders.set_aside_by_others(budget, self.holder, now))
+        theirs = [a for a in orders.live(budget.status.set_aside, now) if a.holder != self.holder]
+        others.update(orders.set_aside_orders(budget, ((a.holder, a.class_name, a.units) for a in theirs)))
         # Orders that waited for this moment may fit what the last one set aside; the classes of the others were not
         # admitted within it: it stops taking orders until written.
         for turn in batch:
@@ -350,13 +351,7 @@ class Charges:
         aside = self._aside.get(budget.key, {})
         for class_name in ordering & aside.keys():
             del aside[class_name]
-        left = {
-            orders.set_aside_claim(budget, self.holder, c): Order(
-                budget.namespace or "", c, a.left(), "units set aside here", budget=budget.key
-            )
-            for c, a in aside.items()
-            if a.left() > 0
-        }
+        left = orders.set_aside_orders(budget, ((self.holder, c, a.left()) for c, a in aside.items()))
         if self.legacy:
             self.legacy = [e for e in self.legacy if e.expires > now]
             covered = [
@@ -392,7 +387,6 @@ class Charges:
                 self._deciding[budget.key] = len(new)
         unwritten = dict(self._unwritten.get(budget.key, {}))
         admitted = {o.class_name for o in new.values()}
-        aside = self._aside.get(budget.key, {})
         held = {c: Held(a.units, a.taken, a.expires) for c, a in aside.items()}
         counted = [*others.values(), *self._reserved()]
         kept_aside = set_aside(
@@ -403,7 +397,6 @@ class Charges:
         plan = _Plan(budget.spec, frozenset(unwritten), kept_aside)
         self._plans[budget.key] = plan
         entries = orders.recorded(kept, {**unwritten, **new}, withdrawn, now + self._ttl)
-        theirs = [a for a in orders.live(budget.status.set_aside, now) if a.holder != self.holder]
         ours = [
             BudgetSetAside(holder=self.holder, class_name=c, units=units, expires=expires)
             for c, (units, expires) in sorted(plan.aside.items())
