@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from cozygpu.api import kinds
+from cozygpu.devcluster.controlplane import ControlPlane
 from cozygpu.kube.adapter import Kube
 from tests.support import vms
 from tests.support.bodies import gpu_device_body
@@ -31,3 +32,20 @@ def test_a_vm_with_a_held_and_a_template_device_runs_on_the_node_of_its_set(
     assert vms.pin_of(pod["spec"]) == [node]
     assert bound(kv, ns, "vm-gpu-1") == node
     assert vmi["status"]["nodeName"] == node
+
+
+def test_virt_controller_counts_the_vmi_it_made_in_its_own_metrics(
+    kv_plane: ControlPlane, kv: Kube, kv_operator: OperatorProcess, ns: str, gpu: Gpu, kv_nodes: Nodes
+) -> None:
+    """What bench/vmstart.py prints of KubeVirt's own work is virt-controller's, read over its TLS: a VM started
+    is a VMI create more in its metrics, and busy time of its VM workers."""
+    assert kv_plane.kubevirt is not None
+    kv_nodes.add(2)
+    before = kv_plane.kubevirt.controller_work()
+    kv.create(kinds.VM, vms.vm_body("counted", ns, [vms.template(gpu.cls)]))
+    vms.running(kv, ns, "counted")
+    after = kv_plane.kubevirt.controller_work()
+
+    assert after["CREATE count"] >= before.get("CREATE count", 0.0) + 1
+    assert after["CREATE sum"] > before.get("CREATE sum", 0.0)
+    assert after["work"] > before.get("work", 0.0)

@@ -11,7 +11,10 @@ gets the status virt-operator would write. Binaries come from hack/build-kubevir
 from __future__ import annotations
 
 import contextlib
+import re
+import ssl
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,6 +48,12 @@ log = structlog.get_logger("cozygpu.devcluster")
 
 NAMESPACE = "kubevirt"
 CONTROLLER_SA = "kubevirt-controller"
+# virt-controller's own series: its VM workers' busy time, and its VMI creates and patches (count, seconds).
+VM_WORK = 'kubevirt_workqueue_work_duration_seconds_sum{name="virt-controller-vm"}'
+VMI_CALLS = re.compile(
+    r'^kubevirt_rest_client_request_latency_seconds_(sum|count)\{url="[^"]*/virtualmachineinstances(/%7Bname%7D)?",'
+    r'verb="(CREATE|PATCH)"\} (\S+)$'
+)
 API_SA = "kubevirt-apiserver"
 HANDLER_SA = "kubevirt-handler"
 CONTROLLER_USER = f"system:serviceaccount:{NAMESPACE}:{CONTROLLER_SA}"
@@ -93,6 +102,8 @@ class KubeVirt:
         self._dir = kubevirt_dir
         self.kubelet: FakeKubelet | None = None
         self.controller_kubeconfig = plane.workdir / "kubevirt-controller.kubeconfig"
+        # virt-controller's /metrics and the CA it serves under, once it runs
+        self._controller_metrics: tuple[str, Path] | None = None
 
     def start(self, deadline: float) -> None:
         kube = self._plane.kube()
@@ -114,6 +125,22 @@ class KubeVirt:
             self.kubelet.stop()
             log.info("devcluster.stopped", piece="fake-kubelet")
             self.kubelet = None
+
+    def controller_work(self) -> dict[str, float]:
+        """So far, from virt-controller's own metrics: its VM workers' busy seconds ("work"), and its VMI creates'
+        and patches' count and seconds ("CREATE count", "PATCH sum", ...). For benches that explain its time."""
+        if self._controller_metrics is None:
+            raise RuntimeError("virt-controller has not started")
+        url, ca = self._controller_metrics
+        with urllib.request.urlopen(url, context=ssl.create_default_context(cafile=str(ca)), timeout=10) as answer:
+            text: str = answer.read().decode()
+        got: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith(VM_WORK + " "):
+                got["work"] = float(line.rsplit(" ", 1)[1])
+            elif m := VMI_CALLS.match(line):
+                got[f"{m[3]} {m[1]}"] = got.get(f"{m[3]} {m[1]}", 0.0) + float(m[4])
+        return got
 
     # -- pieces ----------------------------------------------------------------
 
@@ -200,13 +227,15 @@ class KubeVirt:
     def _start_virt_controller(self, kube: Kube, deadline: float) -> None:
         certs = self._certs("virt-controller")  # its metrics endpoint serves TLS
         kubeconfig = self._token_kubeconfig(kube, CONTROLLER_SA, self.controller_kubeconfig)
+        port = free_port()
+        self._controller_metrics = (f"https://127.0.0.1:{port}/metrics", certs / "ca.crt")
         proc = self._plane.processes.spawn(
             "virt-controller",
             [
                 str(self._dir / "virt-controller"),
                 f"--kubeconfig={kubeconfig}",
                 "--listen=127.0.0.1",
-                f"--port={free_port()}",
+                f"--port={port}",
                 f"--launcher-image={LAUNCHER_IMAGE}",
                 f"--prom-cert-file={certs / 'tls.crt'}",
                 f"--prom-key-file={certs / 'tls.key'}",
