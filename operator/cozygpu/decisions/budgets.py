@@ -158,18 +158,25 @@ def set_aside(
     its time stays as it is. None where `most` is 0 or the budget cannot refuse the class (it records nothing)."""
     out: dict[str, tuple[int, dt.datetime]] = {}
     wanted = set(admitted)
+    # What this replica holds of each class meanwhile: a class not decided yet at least its unused units.
+    mine = {c: h.units - h.taken for c, h in held.items()}
     for class_name in sorted(wanted | held.keys()):
+        got = held.get(class_name)
+        mine.pop(class_name, None)
         if not most or not charged(budget, class_name):
             continue
-        got = held.get(class_name)
         if got is not None and got.taken == 0 and class_name not in wanted:
             if got.expires - ttl > now:
                 out[class_name] = (got.units, got.expires)
+                mine[class_name] = got.units
             continue
         left = got.units - got.taken if got is not None else 0
-        units = max(min(most, room(cluster, budget, class_name, counted) // SHARE), left)
+        # A total spans classes: the units this replica sets aside for its other classes leave no room for this one.
+        elsewhere = [Order(budget.namespace or "", c, n, "units set aside", budget=budget.key) for c, n in mine.items()]
+        units = max(min(most, room(cluster, budget, class_name, [*counted, *elsewhere]) // SHARE), left)
         if units > 0:
             out[class_name] = (units, now + ttl + window)
+            mine[class_name] = units
     return out
 
 

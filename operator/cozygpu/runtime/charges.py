@@ -183,9 +183,14 @@ class Charges:
             if orders.charged(budget, order.class_name):
                 need[order.class_name] = need.get(order.class_name, 0) + order.count
         usable = self._clock() + self._ttl  # each order stays charged `ttl` at least, as one written on its own
+        # Only units the budget as seen still records as this process's: not those of a budget deleted and made
+        # again under its name, nor ones another writer dropped.
+        recorded = {(a.class_name, a.units, a.expires) for a in budget.status.set_aside if a.holder == self.holder}
         for class_name, units in need.items():
             got = aside.get(class_name)
             if got is None or got.spec != budget.spec or got.expires < usable or got.left() < units:
+                return False
+            if (class_name, got.units, got.expires) not in recorded:
                 return False
         for class_name, units in need.items():
             aside[class_name].taken += units
@@ -376,9 +381,8 @@ class Charges:
                     f" the most it records; retry once they are counted or have expired (within {self._ttl.seconds} s)"
                 )
             if turn.refused is None:
-                turn.seen = {**others, **left}
                 try:
-                    turn.refused = turn.decide(list({**turn.prior, **turn.seen}.values()))
+                    left = _judge(turn, turn.decide, others, left, aside)
                 except Exception as e:  # one caller's failure is its own, not the moment's
                     turn.done.set_exception(e)
                     continue
@@ -413,6 +417,22 @@ class Charges:
         )
         body: dict[str, Any] = budget.model_copy(update={"status": status}).wire()
         return lambda: self._writer.replace_status(kinds.GPU_BUDGET, body)
+
+
+def _judge(
+    turn: _Turn, decide: Decide, others: dict[Claim, Order], left: dict[Claim, Order], aside: dict[str, _Aside]
+) -> dict[Claim, Order]:
+    """Decide a turn's orders with every other order counted, and this process's own unused units (`left`, of
+    `aside`). Refused with those counted, they go, not the order (one replica never refuses for units it holds
+    unused): nothing is admitted within them from here, and the moment's write records their going. What is left."""
+    turn.seen = {**others, **left}
+    turn.refused = decide(list({**turn.prior, **turn.seen}.values()))
+    if turn.refused is None or not left:
+        return left
+    aside.clear()
+    turn.seen = dict(others)
+    turn.refused = decide(list({**turn.prior, **turn.seen}.values()))
+    return {}
 
 
 def _quiet(done: asyncio.Future[Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from typing import Any
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from cozygpu.api import GPUBudget, kinds
 from cozygpu.api.selectors import selector_matches
-from cozygpu.decisions.budgets import check_orders, covering_budgets, overrun, usage
+from cozygpu.decisions.budgets import Held, check_orders, covering_budgets, overrun, set_aside, usage
 from cozygpu.decisions.orders import Order
 from cozygpu.runtime.view import View
 from cozygpu.state.cluster import Cluster
@@ -288,3 +289,20 @@ def test_a_view_behind_the_budgets_count_counts_that_count() -> None:
     View(c).progressed(kinds.GPU_DEVICE, "500")
     assert usage(c, c.budgets[("t1", "cap")]) == {}
     assert check_orders(c, order) is None
+
+
+# -- set-asides (§7.4, §13.5) ------------------------------------------------------------------------------------
+
+
+def test_a_replicas_set_asides_of_all_classes_stay_within_a_total_with_what_is_counted() -> None:
+    """A total of 40 with 30 counted: a replica holding 9 unused l40s units sets aside no a10 units, since with
+    its l40s units the budget has 1 left (not a quarter of the 10 the orders alone leave: 41 of 40)."""
+    c = cluster(classes=[gpu_class("a10"), gpu_class("l40s")], budgets=[budget("b", total=40)])
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    held = {"l40s": Held(units=9, taken=0, expires=now + dt.timedelta(seconds=60))}
+    got = set_aside(
+        c, c.budgets[("t1", "b")], held, {"a10"}, [order(30)], now=now, ttl=dt.timedelta(seconds=30), most=32
+    )
+
+    assert got.get("l40s", (0,))[0] == 9
+    assert sum(units for units, _ in got.values()) + 30 <= 40, got

@@ -586,18 +586,87 @@ def test_a_lowered_limit_stops_admissions_within_a_set_aside() -> None:
     assert asyncio.run(r1.create("c")).startswith("denied: ")
 
 
-def test_units_set_aside_for_one_class_count_against_the_total_of_another_order_here() -> None:
-    """A budget of 12 in total: r1 orders 1 a10 and sets 2 more aside; its order of 10 l40s would fit the orders
-    (11), but with the 2 it may still admit within, 13 would: refused."""
+def test_set_asides_of_several_classes_stay_within_a_total_together() -> None:
+    """A total of 40: r2 orders 10; r1 orders l40s, then a10 one at a time, then l40s again, setting aside units of
+    both classes. Each class's share counts r1's units of the other, so together r1's and r2's stay within 40
+    (before: r1 admitted 34, 44 of 40)."""
+    kube = MemKube()
+    budgets = _budgets(kube, budget("cap", total=40))
+    r1, r2 = _Replica(kube, budgets, units=64, set_aside=32), _Replica(kube, budgets, units=64)
+
+    async def run() -> int:
+        assert await r2.create("big", count=10) == "admitted"
+        names = [("l0", "l40s")] + [(f"a{i}", "a10") for i in range(60)] + [(f"l{i}", "l40s") for i in range(1, 20)]
+        units = 0
+        for name, class_name in names:
+            units += await r1.create(name, class_name=class_name) == "admitted"
+            await asyncio.sleep(0.001)  # each write ahead of need lands
+        return units
+
+    assert asyncio.run(run()) + 10 <= 40
+
+
+def test_a_budget_made_again_under_its_name_is_not_admitted_within_the_old_ones_set_aside() -> None:
+    """r1 sets units aside on cap; cap is deleted and made again with the same spec (a re-apply), recording no
+    set-aside, so r2 orders all of it; r1's next order is refused, not admitted within the old object's units."""
+    kube = MemKube()
+    [old] = _budgets(kube, budget("cap", limits={"a10": 40}))
+    r1 = _Replica(kube, [old], units=64, set_aside=8)
+
+    async def run() -> list[str]:
+        got = [await r1.create("a")]
+        gone = kube.remove(kinds.GPU_BUDGET, "cap", "t1")
+        r1.view.forget(kinds.GPU_BUDGET, "t1", "cap", gone["metadata"]["resourceVersion"])
+        [new] = _budgets(kube, budget("cap", limits={"a10": 40}))
+        r1.view.apply(kinds.GPU_BUDGET, new)
+        r2 = _Replica(kube, [new], units=64)
+        r2.sees(device("a"))  # a's device counts against the new object too
+        got.append(await r2.create("b", count=39))
+        return [*got, await r1.create("c")]
+
+    got = asyncio.run(run())
+    assert got[:2] == ["admitted"] * 2, got
+    assert got[2].startswith("denied: "), got
+
+
+def test_units_that_gave_way_are_admitted_within_no_more() -> None:
+    """r1's 2 unused a10 units give way to its 10 l40s (11 of 12 in total); r2 then orders the last unit, so r1's
+    next a10 unit is refused, not admitted within the units that went."""
+    kube = MemKube()
+    budgets = _budgets(kube, budget("cap", total=12))
+    r1, r2 = _Replica(kube, budgets, units=64, set_aside=8), _Replica(kube, budgets, units=64)
+
+    async def run() -> list[str]:
+        return [
+            await r1.create("a"),
+            await r1.create("t", count=10, class_name="l40s"),
+            await r2.create("z"),
+            await r1.create("b"),
+        ]
+
+    got = asyncio.run(run())
+    assert got[:3] == ["admitted"] * 3, got
+    assert "GPUBudget t1/cap allows 12 units in total" in got[3], got
+
+
+def test_units_set_aside_for_one_class_give_way_to_an_order_of_another_that_needs_them() -> None:
+    """A budget of 12 in total: r1 orders 1 a10 and sets 2 more aside. Its order of 10 l40s fits the orders (11) but
+    not with the 2: the 2 go, not the order (one replica never refuses for units it holds unused), and nothing is
+    admitted within them after: of two more a10 units, one fits the 12 and the other is refused."""
     kube = MemKube()
     r = _Replica(kube, _budgets(kube, budget("cap", total=12)), units=64, set_aside=8)
 
     async def run() -> list[str]:
-        return [await r.create("a"), await r.create("t", count=10, class_name="l40s")]
+        return [
+            await r.create("a"),
+            await r.create("t", count=10, class_name="l40s"),
+            await r.create("b"),
+            await r.create("c"),
+        ]
 
-    first, second = asyncio.run(run())
-    assert first == "admitted" and "GPUBudget t1/cap allows 12 units in total" in second, second
-    assert [a.units for a in _status(kube, "cap").set_aside] == [2]
+    got = asyncio.run(run())
+    assert got[:3] == ["admitted"] * 3, got
+    assert "GPUBudget t1/cap allows 12 units in total" in got[3], got
 
 
 def test_past_its_window_a_set_aside_admits_nothing_more() -> None:
