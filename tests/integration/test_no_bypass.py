@@ -48,12 +48,15 @@ def pod(name: str, namespace: str, resource: str, labels: dict[str, str] | None 
 
 
 def refused(kube: Kube, kind: kinds.Kind, body: Body) -> str:
-    """The policy's refusal, once the API server has the policy's parameters (it reads GPUClasses from a watch)."""
+    """The policy's refusal, once the API server has the policy's parameters and the webhook configurations as last
+    written (it reads both from watches)."""
 
     def attempt() -> str | None:
         try:
             created = kube.create(kind, body)
         except ApiError as e:
+            if e.status == 500 and "failed calling webhook" in e.message:
+                return None  # a webhook configuration just changed: the API server reads it from a watch
             if e.status not in (403, 422):
                 raise
             return e.message
