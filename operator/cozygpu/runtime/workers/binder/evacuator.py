@@ -9,7 +9,8 @@ one, whose admission finds the set waiting on the destination. A VM that cannot 
 tenant gets an Event on each device of the set and the platform a log line, the GPUNode condition (the
 accountant's) and the blocked gauge, and it is looked at again when room for its classes appears, never on a
 timer. An evacuation is under way from its first write until the VMI object it started with is gone or its
-launcher pod no longer holds units, whichever comes first.
+launcher pod no longer holds units, whichever comes first; once the VMI is deleted it counts against its node's
+limit only, not the cluster's (its guest stops in a time its tenant sets).
 """
 
 from __future__ import annotations
@@ -171,6 +172,11 @@ class Evacuator:
         await self._counted_on(ev.node)
         if self._cluster.vmis.get(ev.key) != ev.uid or not self._cluster.pods.guest_running(ev.namespace, ev.uid):
             self._finish(ev)  # the view heard it go already, or its launcher end
+        elif self._under_way.get(ev.key) == ev.uid:
+            # Its guest stops in its own time: other nodes' evacuations need not wait for it.
+            self._pacing.stopping(("vmi", *ev.key))
+            self._due = True
+            self._queue.poke()
 
     async def _counted_on(self, node: str) -> None:
         """One more VM moved off the node, on its GPUNode (`status.evacuated`), so the count outlives this leader."""

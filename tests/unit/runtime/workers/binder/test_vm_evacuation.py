@@ -279,6 +279,32 @@ def test_a_vmi_that_lingers_after_its_delete_frees_its_place_once_its_launcher_e
     assert asyncio.run(scenario())
 
 
+def test_a_guest_slow_to_stop_holds_its_own_nodes_place_not_the_clusters() -> None:
+    """Tenant t1's evacuated guest ignores its shutdown for as long as her grace period says, so her launcher runs
+    on after the delete. With one evacuation at a time in the cluster, tenant t2's VM on another drained node does
+    not wait for it: its VMI is deleted too (before, t1 held the cluster's one place until her guest stopped)."""
+    binder, view, kube = _cloud({"n1": 8, "n2": 8, "n3": 8, "n4": 8}, per_node=1, most=1)
+    _running(view, kube, _vmi("v1"), [("v1-gpu", 2)])
+    other = _vmi("v2", on="n3", marked="n3")
+    other["metadata"]["namespace"] = "t2"
+    stored = kube.put(kinds.VMI, other)
+    view.apply(kinds.VMI, stored)
+    uid = stored["metadata"]["uid"]
+    attached = {"attachedTo": {"vmi": "v2", "uid": uid, "since": EPOCH.isoformat()}}
+    theirs = device("v2-gpu", count=2, phase="Bound", node_name="n3", status=attached)
+    theirs["metadata"]["namespace"] = "t2"
+    _seen(view, kube, theirs)
+    view.apply(kinds.POD, pod("launcher-v2", {A10: 2}, node="n3", vmi="v2", vmi_uid=uid, namespace="t2"))
+    _cordon(view, "n1")
+
+    async def scenario() -> bool:
+        assert await run_until(binder.run, lambda: _gone(kube, "v1"))
+        _cordon(view, "n3")  # the platform drains the next node while v1's guest is still stopping
+        return await run_until(binder.run, lambda: kube.stored(kinds.VMI, "v2", "t2") is None)
+
+    assert asyncio.run(scenario())
+
+
 def test_each_vm_moved_off_a_cordoned_node_is_counted_on_its_gpunode() -> None:
     """Item 5: the node's GPUNode counts the VMs moved off it (`status.evacuated`), written as each goes, so the
     count outlives a change of leader; its Evacuation condition says it; uncordoned, the count goes."""
