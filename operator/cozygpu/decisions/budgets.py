@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cozygpu.api import GPUBudget, GPUDevice, kinds
 from cozygpu.api.selectors import selector_matches
-from cozygpu.decisions.orders import Order, charged
+from cozygpu.decisions.orders import Order, charged, set_aside_orders
 from cozygpu.state.cluster import Cluster
 from cozygpu.state.tombstones import version
 
@@ -172,7 +172,7 @@ def set_aside(
             continue
         left = got.units - got.taken if got is not None else 0
         # A total spans classes: the units this replica sets aside for its other classes leave no room for this one.
-        elsewhere = [Order(budget.namespace or "", c, n, "units set aside", budget=budget.key) for c, n in mine.items()]
+        elsewhere = set_aside_orders(budget, (("this replica", c, n) for c, n in mine.items())).values()
         units = max(min(most, room(cluster, budget, class_name, [*counted, *elsewhere]) // SHARE), left)
         if units > 0:
             out[class_name] = (units, now + ttl + window)

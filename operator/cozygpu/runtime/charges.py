@@ -185,7 +185,7 @@ class Charges:
         usable = self._clock() + self._ttl  # each order stays charged `ttl` at least, as one written on its own
         # Only units the budget as seen still records as this process's: not those of a budget deleted and made
         # again under its name, nor ones another writer dropped.
-        recorded = {(a.class_name, a.units, a.expires) for a in budget.status.set_aside if a.holder == self.holder}
+        recorded = self._recorded_mine(budget)
         for class_name, units in need.items():
             got = aside.get(class_name)
             if got is None or got.spec != budget.spec or got.expires < usable or got.left() < units:
@@ -309,7 +309,7 @@ class Charges:
     def _kept(self, key: BudgetKey, plan: _Plan, stored: GPUBudget) -> _Plan:
         """The plan's set-asides that the API server stored as written: one whose GPUBudget definition predates them
         drops `status.setAside` from the write, and units it does not hold are not admitted within."""
-        held = {(a.class_name, a.units, a.expires) for a in stored.status.set_aside if a.holder == self.holder}
+        held = self._recorded_mine(stored)
         kept = {c: (units, expires) for c, (units, expires) in plan.aside.items() if (c, units, expires) in held}
         if kept != plan.aside:
             log.warning(
@@ -319,6 +319,10 @@ class Charges:
                 why="the API server did not store status.setAside: apply the operator's CRDs (crds/)",
             )
         return _Plan(plan.spec, plan.written, kept)
+
+    def _recorded_mine(self, budget: GPUBudget) -> set[tuple[str, int, dt.datetime]]:
+        """This process's set-asides as the budget records them: (class, units, expiry)."""
+        return {(a.class_name, a.units, a.expires) for a in budget.status.set_aside if a.holder == self.holder}
 
     def _recorded(self, key: BudgetKey, plan: _Plan | None) -> None:
         """The budget holds what the moment decided: the orders it wrote leave this process's unwritten ones, and
